@@ -1,0 +1,126 @@
+#pragma once
+// CpuBackend<Arch>: runs a step's work on CPU threads, one parallel region per
+// step for all tensors (three phases separated by barriers: statistics,
+// finalize, apply). Units are taken dynamically by threads; since every unit's
+// result is independent of who computes it and partials are combined in a
+// fixed order, results are bit-identical for any thread count.
+//
+// Arch is an xsimd architecture tag (xsimd::avx2, xsimd::avx512bw, ...) or
+// skewadam::ScalarArch. The default is the best one the compiler targets.
+
+#include <algorithm>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include "../../config.hpp"
+#include "../work.hpp"
+#include "kernels.hpp"
+#include "simd.hpp"
+
+namespace skewadam::backend {
+
+template <class Arch = xsimd::default_arch>
+class CpuBackend {
+ public:
+  using arch = Arch;
+
+  static constexpr const char* arch_name() noexcept { return Arch::name(); }
+
+  template <class Rule, class P, class G>
+  static const KernelTable* kernels() {
+    return cpu::Kernels<Rule, P, G, Arch>::table();
+  }
+
+  /// Threads used per step; 0 selects the hardware's count.
+  void set_threads(int n) {
+    if (n < 0) throw std::invalid_argument("threads = " + std::to_string(n) + ": must be >= 0 (0: hardware)");
+    threads_ = n == 0 ? hardware_threads() : n;
+    resize_scratch();
+  }
+  int threads() const noexcept { return threads_; }
+
+  static int hardware_threads() noexcept {
+#if defined(_OPENMP)
+    return std::max(1, omp_get_max_threads());
+#else
+    return 1;
+#endif
+  }
+
+  /// Makes room for factored matrices of up to `cols` columns. Called when a
+  /// tensor is registered, so that step() never allocates.
+  void reserve_columns(index_t cols) {
+    if (cols > max_cols_) {
+      max_cols_ = cols;
+      resize_scratch();
+    }
+  }
+
+  void run(std::span<const TensorTask> tasks, std::span<const Unit> units) {
+    if (tasks.empty()) return;
+    const auto nunits = static_cast<index_t>(units.size());
+    const auto ntasks = static_cast<index_t>(tasks.size());
+    bool any_apply = false;
+    for (const TensorTask& t : tasks) any_apply = any_apply || t.kernel->apply != nullptr;
+    const int nthreads = static_cast<int>(std::min<index_t>(threads_, std::max<index_t>(1, nunits)));
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(nthreads)
+#endif
+    {
+#if defined(_OPENMP)
+      float* scratch = scratch_.data() + static_cast<std::size_t>(omp_get_thread_num()) * stride_;
+#else
+      float* scratch = scratch_.data();
+#endif
+#if defined(_OPENMP)
+#pragma omp for schedule(dynamic, 1)
+#endif
+      for (index_t k = 0; k < nunits; ++k) {
+        const Unit& u = units[static_cast<std::size_t>(k)];
+        const TensorTask& t = tasks[static_cast<std::size_t>(u.task)];
+        t.kernel->statistics(t, u, scratch);
+      }
+#if defined(_OPENMP)
+#pragma omp for schedule(dynamic, 1)
+#endif
+      for (index_t k = 0; k < ntasks; ++k) {
+        const TensorTask& t = tasks[static_cast<std::size_t>(k)];
+        t.kernel->finalize(t);
+      }
+      if (any_apply) {
+#if defined(_OPENMP)
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (index_t k = 0; k < nunits; ++k) {
+          const Unit& u = units[static_cast<std::size_t>(k)];
+          const TensorTask& t = tasks[static_cast<std::size_t>(u.task)];
+          if (t.kernel->apply) t.kernel->apply(t, u);
+        }
+      }
+    }
+    (void)nthreads;
+  }
+
+ private:
+  void resize_scratch() {
+    // 2 * cols floats per thread, padded to separate cache lines.
+    stride_ = static_cast<std::size_t>(2 * max_cols_ + 16);
+    scratch_.assign(stride_ * static_cast<std::size_t>(std::max(threads_, 1)), 0.0f);
+  }
+
+  int threads_ = hardware_threads();
+  index_t max_cols_ = 0;
+  std::size_t stride_ = 16;
+  std::vector<float> scratch_ = std::vector<float>(static_cast<std::size_t>(16 * hardware_threads()));
+};
+
+/// The backend an optimizer uses unless told otherwise.
+using DefaultBackend = CpuBackend<>;
+
+}  // namespace skewadam::backend

@@ -1,0 +1,128 @@
+#pragma once
+// SIMD plumbing of the CPU backend: value types per architecture, loads and
+// stores for every dtype, horizontal sums. The architecture is a type
+// (xsimd's tags, or ScalarArch), so one binary can hold several and no
+// function's meaning depends on macros such as __AVX2__.
+
+#include <xsimd/xsimd.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../../config.hpp"
+#include "../../dtype.hpp"
+#include "../../random.hpp"
+#include "../../vmath.hpp"
+
+namespace skewadam {
+
+/// Architecture tag for plain scalar code (one element at a time).
+struct ScalarArch {
+  static constexpr const char* name() noexcept { return "scalar"; }
+};
+
+}  // namespace skewadam
+
+namespace skewadam::vmath {
+
+template <class A>
+struct ops<xsimd::batch<float, A>> {
+  using B = xsimd::batch<float, A>;
+  static SKEWADAM_ALWAYS_INLINE B sqrt(const B& x) { return xsimd::sqrt(x); }
+  static SKEWADAM_ALWAYS_INLINE B floor_at(const B& x, const B& f) { return xsimd::select(x < f, f, x); }
+  static SKEWADAM_ALWAYS_INLINE B broadcast(float x) { return B(x); }
+};
+
+}  // namespace skewadam::vmath
+
+namespace skewadam::backend::cpu {
+
+template <class Arch>
+struct lanes {
+  using type = xsimd::batch<float, Arch>;
+  static constexpr index_t size = static_cast<index_t>(type::size);
+};
+template <>
+struct lanes<ScalarArch> {
+  using type = float;
+  static constexpr index_t size = 1;
+};
+
+template <class Arch>
+using vec_t = typename lanes<Arch>::type;
+
+template <class V>
+inline constexpr index_t width_v = 1;
+template <class A>
+inline constexpr index_t width_v<xsimd::batch<float, A>> = static_cast<index_t>(xsimd::batch<float, A>::size);
+
+/// Loads width_v<V> elements of any dtype as fp32.
+template <class V, class T>
+SKEWADAM_ALWAYS_INLINE V load_as(const T* p) {
+  if constexpr (std::is_same_v<V, float>) {
+    return to_float(*p);
+  } else if constexpr (std::is_same_v<T, float>) {
+    return V::load_unaligned(p);
+  } else {
+    alignas(64) float buf[width_v<V>];
+    for (index_t k = 0; k < width_v<V>; ++k) buf[k] = to_float(p[k]);
+    return V::load_aligned(buf);
+  }
+}
+
+/// Stores fp32 lanes to an fp32 buffer.
+template <class V>
+SKEWADAM_ALWAYS_INLINE void store_f32(float* p, const V& v) {
+  if constexpr (std::is_same_v<V, float>) *p = v;
+  else v.store_unaligned(p);
+}
+
+template <class V>
+SKEWADAM_ALWAYS_INLINE float reduce_add(const V& v) {
+  if constexpr (std::is_same_v<V, float>) return v;
+  else return xsimd::hadd(v);
+}
+
+/// Stores new parameter values with the rule's rounding policy. `element` is
+/// the index of the first lane in the tensor (it keys the random bits).
+template <class Rounding, class P, class V>
+SKEWADAM_ALWAYS_INLINE void store_param(P* p, const V& v, index_t element, RandomStream& rng) {
+  if constexpr (std::is_same_v<P, float>) {
+    store_f32(p, v);
+  } else {
+    alignas(64) float buf[width_v<V>];
+    store_f32(buf, v);
+    for (index_t k = 0; k < width_v<V>; ++k) {
+      const std::uint32_t bits = Rounding::uses_random_bits ? rng(element + k) : 0u;
+      p[k] = Rounding::template store<P>(buf[k], bits);
+    }
+  }
+}
+
+/// Sums lanes in a fixed order: the vector accumulator, then the scalar tail.
+template <class V>
+struct Accumulator {
+  V vec = vmath::splat<V>(0.0f);
+  float tail = 0.0f;
+  template <class W>
+  SKEWADAM_ALWAYS_INLINE void add(const W& x) {
+    if constexpr (std::is_same_v<W, V>) vec += x;
+    else tail += x;
+  }
+  float total() const { return reduce_add(vec) + tail; }
+};
+
+/// Calls body.template operator()<V>(j) on full vectors of [begin, end) and
+/// body.template operator()<float>(j) on the tail: the same per-element code
+/// for both.
+template <class V, class Body>
+SKEWADAM_ALWAYS_INLINE void for_lanes(index_t begin, index_t end, Body&& body) {
+  constexpr index_t w = width_v<V>;
+  index_t j = begin;
+  if constexpr (w > 1) {
+    for (; j + w <= end; j += w) body.template operator()<V>(j);
+  }
+  for (; j < end; ++j) body.template operator()<float>(j);
+}
+
+}  // namespace skewadam::backend::cpu

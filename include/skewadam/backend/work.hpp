@@ -1,0 +1,119 @@
+#pragma once
+// How one optimizer step is cut into work, independently of thread count.
+//
+// A step is a list of TensorTasks (one per parameter with a gradient) and a
+// list of Units: row blocks of factored matrices, element chunks of
+// element-wise tensors. The cut depends only on shapes, every reduction is
+// summed per unit and units are combined in a fixed order, so results are
+// bit-identical for any number of threads and any scheduling. Backends own
+// the loops over units; this header is backend-neutral plain data.
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "../config.hpp"
+#include "../hyperparameters.hpp"
+#include "../random.hpp"
+#include "../shape.hpp"
+#include "../step_scalars.hpp"
+
+namespace skewadam::backend {
+
+/// Per-matrix results of the statistics pass.
+struct MatrixScratch {
+  double sum_u2 = 0;   ///< sum of u^2 over the matrix (before clipping)
+  float vbar = 0;      ///< max(mean_i R_i, 1e-15) (factored)
+  float divisor = 1;   ///< clip divisor applied to this matrix
+};
+
+struct KernelTable;
+
+struct TensorTask {
+  void* param = nullptr;
+  const void* grad = nullptr;
+  MatrixGeometry geom{};
+  bool factored = false;  ///< the rule's factored statistics apply (rank >= 2)
+  ClipScope scope = ClipScope::tensor;
+  StepScalars scalars{};
+  RoundingKey key{};
+  // state
+  float* m = nullptr;      ///< [numel] or null
+  float* v = nullptr;      ///< [numel] (element-wise) or null
+  float* v_row = nullptr;  ///< [B * r] (factored)
+  float* v_col = nullptr;  ///< [B * c] (factored)
+  // scratch, allocated with the state
+  MatrixScratch* matrices = nullptr;  ///< [B]
+  float* col_partial = nullptr;       ///< [row_blocks * c] when row_blocks > 1
+  float* d_partial = nullptr;         ///< [row_blocks * c] when row_blocks > 1
+  double* unit_sum = nullptr;         ///< [chunks] (element-wise)
+  index_t row_blocks = 1;             ///< factored, B == 1: row blocks of the matrix
+  index_t chunks_per_matrix = 1;      ///< element-wise: chunks per matrix
+  const KernelTable* kernel = nullptr;
+};
+
+/// One piece of work. Factored: rows [begin, end) of matrix `matrix`, block
+/// `block`. Element-wise: elements [begin, end) of matrix `matrix`, chunk
+/// `block` of the tensor.
+struct Unit {
+  std::int32_t task = 0;
+  index_t matrix = 0;
+  index_t begin = 0;
+  index_t end = 0;
+  index_t block = 0;
+};
+
+/// Function table of one (rule, parameter dtype, gradient dtype, arch).
+struct KernelTable {
+  /// Statistics pass (and, for an element-wise rule without clipping, the
+  /// whole update). `scratch` holds 2 * c floats for the calling thread.
+  void (*statistics)(const TensorTask&, const Unit&, float* scratch);
+  /// Combines per-unit partials, finishes statistics, computes clip divisors.
+  void (*finalize)(const TensorTask&);
+  /// Applies the update; null when statistics() already did.
+  void (*apply)(const TensorTask&, const Unit&);
+};
+
+/// Work-cutting constants (shape-only, never thread-dependent).
+struct Cutting {
+  static constexpr index_t max_row_blocks = 16;
+  static constexpr index_t min_block_elems = index_t{1} << 18;
+  static constexpr index_t chunk_elems = index_t{1} << 16;
+
+  /// Row blocks of a factored tensor's matrix: only a single large matrix is
+  /// split (a bank is parallel across its matrices).
+  static index_t row_blocks(const MatrixGeometry& g) {
+    if (g.batch != 1 || g.rows <= 1) return 1;
+    const index_t want = (g.matrix_size() + min_block_elems - 1) / min_block_elems;
+    return std::clamp<index_t>(want, 1, std::min(max_row_blocks, g.rows));
+  }
+  static index_t chunks_per_matrix(const MatrixGeometry& g) {
+    return std::max<index_t>(1, (g.matrix_size() + chunk_elems - 1) / chunk_elems);
+  }
+  /// Floats of per-tensor column scratch (col_partial and d_partial each).
+  static index_t partial_floats(const MatrixGeometry& g) {
+    const index_t nb = row_blocks(g);
+    return nb > 1 ? nb * g.cols : 0;
+  }
+};
+
+/// Appends the units of `task` (index `task_index`) to `units`.
+inline void append_units(const TensorTask& task, std::int32_t task_index, std::vector<Unit>& units) {
+  const MatrixGeometry& g = task.geom;
+  if (task.factored) {
+    const index_t nb = task.row_blocks;
+    for (index_t b = 0; b < g.batch; ++b)
+      for (index_t k = 0; k < nb; ++k)
+        units.push_back(Unit{task_index, b, g.rows * k / nb, g.rows * (k + 1) / nb, k});
+  } else {
+    const index_t n = g.matrix_size();
+    const index_t nc = task.chunks_per_matrix;
+    for (index_t b = 0; b < g.batch; ++b)
+      for (index_t k = 0; k < nc; ++k) {
+        const index_t begin = k * Cutting::chunk_elems;
+        units.push_back(Unit{task_index, b, begin, std::min(n, begin + Cutting::chunk_elems), b * nc + k});
+      }
+  }
+}
+
+}  // namespace skewadam::backend

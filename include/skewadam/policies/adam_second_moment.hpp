@@ -1,0 +1,32 @@
+#pragma once
+// AdamSecondMoment: Adam's second moment, eps added to sqrt(v) (not a floor).
+//
+//   V <- beta2 V + (1 - beta2) g^2
+//   d  = sqrt(V) + eps * sqrt(1 - beta2^t)
+//
+// With FullMomentum's numerator m * sqrt(bc2) / bc1 this is exactly Adam's
+//   (m / bc1) / (sqrt(V / bc2) + eps).
+// State: V, fp32, 4 * numel bytes. Used by the AdamW baseline rule.
+// Hooks: see exact_second_moment.hpp.
+
+#include "../config.hpp"
+#include "../step_scalars.hpp"
+#include "../vmath.hpp"
+
+namespace skewadam {
+
+struct AdamSecondMoment {
+  static constexpr bool factored = false;
+  using rank1_fallback = AdamSecondMoment;
+
+  template <class V>
+  SKEWADAM_HD static V update(const V& v, const V& g2, const StepScalars& s) {
+    return vmath::splat<V>(s.beta2) * v + vmath::splat<V>(s.one_minus_beta2) * g2;
+  }
+  template <class V>
+  SKEWADAM_HD static V denominator(const V& v, const StepScalars& s) {
+    return vmath::sqrt(v) + vmath::splat<V>(s.eps_sqrt_bc2);
+  }
+};
+
+}  // namespace skewadam

@@ -1,0 +1,38 @@
+#pragma once
+// NoMomentum: the null first-moment policy (SPEC section 3, step 4, no momentum).
+//
+//   u = g * sqrt(1 - beta2^t)
+//
+// State: none (0 bytes). Used by the paper's expert and router tiers.
+//
+// Every momentum policy provides what this one does:
+//   has_state                      whether an fp32 buffer m of the parameter's
+//                                  shape is kept
+//   update(m, g, s) -> m'          the new first moment (identity here)
+//   numerator(g, m', s) -> u       the update before division by the
+//                                  second-moment denominator
+//   numerator_reads_grad           whether numerator() needs g (a backend then
+//                                  re-reads the gradient in the apply pass,
+//                                  otherwise it reads m')
+
+#include "../config.hpp"
+#include "../step_scalars.hpp"
+#include "../vmath.hpp"
+
+namespace skewadam {
+
+struct NoMomentum {
+  static constexpr bool has_state = false;
+  static constexpr bool numerator_reads_grad = true;
+
+  template <class V>
+  SKEWADAM_HD static V update(const V& m, const V& /*g*/, const StepScalars& /*s*/) {
+    return m;
+  }
+  template <class V>
+  SKEWADAM_HD static V numerator(const V& g, const V& /*m*/, const StepScalars& s) {
+    return g * vmath::splat<V>(s.sqrt_bc2);
+  }
+};
+
+}  // namespace skewadam

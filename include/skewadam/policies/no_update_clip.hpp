@@ -1,0 +1,15 @@
+#pragma once
+// NoUpdateClip: the null clip policy (AdamW has no update clipping).
+// Hooks: see rms_update_clip.hpp. State: none.
+
+#include "../config.hpp"
+#include "../step_scalars.hpp"
+
+namespace skewadam {
+
+struct NoUpdateClip {
+  static constexpr bool active = false;
+  static float divisor(double /*sum_u2*/, index_t /*count*/, const StepScalars& /*s*/) { return 1.0f; }
+};
+
+}  // namespace skewadam

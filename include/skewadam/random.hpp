@@ -1,0 +1,75 @@
+#pragma once
+// Counter-based random bits for stochastic rounding (SPEC extension E1).
+//
+// Philox4x32-10 (Random123) keyed by (seed), counted by (element / 4, step,
+// tensor): the bits an element gets depend only on (seed, step, tensor id,
+// element index), never on threads, chunking or backend, so CPU and CUDA
+// produce the same bf16 bits and a resumed run repeats an uninterrupted one.
+
+#include <Random123/philox.h>
+
+#include <cstdint>
+#include <string_view>
+
+#include "config.hpp"
+
+namespace skewadam {
+
+/// Identifies one tensor's rounding stream for one step.
+struct RoundingKey {
+  std::uint64_t seed = 0;
+  std::uint32_t tensor = 0;  ///< stable id of the tensor (hash of its name)
+  std::uint64_t step = 0;
+};
+
+/// FNV-1a of a parameter name: a tensor id that does not depend on
+/// registration order or on how tensors are sharded.
+constexpr std::uint32_t tensor_id(std::string_view name) noexcept {
+  std::uint32_t h = 2166136261u;
+  for (char ch : name) {
+    h ^= static_cast<unsigned char>(ch);
+    h *= 16777619u;
+  }
+  return h;
+}
+
+/// Four 32-bit words for elements [4k, 4k + 4) of a tensor.
+SKEWADAM_HD inline r123::Philox4x32::ctr_type random_block(const RoundingKey& key, std::uint64_t k) {
+  r123::Philox4x32 gen;
+  r123::Philox4x32::ctr_type ctr = {{static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(k >> 32),
+                                     static_cast<std::uint32_t>(key.step),
+                                     key.tensor ^ static_cast<std::uint32_t>(key.step >> 32)}};
+  r123::Philox4x32::key_type k2 = {{static_cast<std::uint32_t>(key.seed),
+                                    static_cast<std::uint32_t>(key.seed >> 32)}};
+  return gen(ctr, k2);
+}
+
+/// The 32 random bits of one element.
+SKEWADAM_HD inline std::uint32_t random_bits(const RoundingKey& key, index_t element) {
+  const auto e = static_cast<std::uint64_t>(element);
+  return random_block(key, e >> 2).v[e & 3u];
+}
+
+/// Sequential access to an element range, one Philox call per 4 elements.
+class RandomStream {
+ public:
+  SKEWADAM_HD explicit RandomStream(const RoundingKey& key) : key_(key) {}
+  SKEWADAM_HD std::uint32_t operator()(index_t element) {
+    const auto e = static_cast<std::uint64_t>(element);
+    const std::uint64_t k = e >> 2;
+    if (k != block_index_ || !valid_) {
+      block_ = random_block(key_, k);
+      block_index_ = k;
+      valid_ = true;
+    }
+    return block_.v[e & 3u];
+  }
+
+ private:
+  RoundingKey key_;
+  r123::Philox4x32::ctr_type block_{};
+  std::uint64_t block_index_ = 0;
+  bool valid_ = false;
+};
+
+}  // namespace skewadam

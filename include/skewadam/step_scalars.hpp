@@ -1,0 +1,52 @@
+#pragma once
+// Per-step scalar coefficients, computed once per tensor per step on the host.
+//
+// Formed in double and rounded to fp32 once, as the reference does: forming
+// 1 - beta2 in fp32 from beta2 = 0.9999f is 1.7e-4 off.
+
+#include <cmath>
+#include <cstdint>
+
+#include "config.hpp"
+#include "hyperparameters.hpp"
+
+namespace skewadam {
+
+struct StepScalars {
+  std::int64_t step = 0;      ///< t, starting at 1
+  float lr = 0;               ///< learning rate of this step
+  float beta1 = 0;
+  float one_minus_beta1 = 0;
+  float beta2 = 0;
+  float one_minus_beta2 = 0;
+  float momentum_scale = 0;   ///< sqrt(1 - beta2^t) / (1 - beta1^t)
+  float sqrt_bc2 = 0;         ///< sqrt(1 - beta2^t)
+  float decay = 1;            ///< 1 - lr * weight_decay
+  float eps = 0;
+  float eps_sqrt_bc2 = 0;     ///< eps * sqrt(1 - beta2^t), for AdamW's eps-in-denominator
+  float clip_threshold = 1;
+  float grad_scale = 1;       ///< multiplies every gradient (global-norm clipping, E6)
+};
+
+inline StepScalars make_step_scalars(const Hyperparameters& h, std::int64_t t, double grad_scale = 1.0) {
+  StepScalars s;
+  s.step = t;
+  const double td = static_cast<double>(t);
+  const double bc1 = 1.0 - std::pow(h.beta1, td);
+  const double bc2 = 1.0 - std::pow(h.beta2, td);
+  s.lr = static_cast<float>(h.lr);
+  s.beta1 = static_cast<float>(h.beta1);
+  s.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+  s.beta2 = static_cast<float>(h.beta2);
+  s.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+  s.momentum_scale = static_cast<float>(std::sqrt(bc2) / bc1);
+  s.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
+  s.decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
+  s.eps = static_cast<float>(h.eps);
+  s.eps_sqrt_bc2 = static_cast<float>(h.eps * std::sqrt(bc2));
+  s.clip_threshold = static_cast<float>(h.clip_threshold);
+  s.grad_scale = static_cast<float>(grad_scale);
+  return s;
+}
+
+}  // namespace skewadam
