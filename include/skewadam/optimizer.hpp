@@ -12,6 +12,9 @@
 // step (clear_grad) is skipped: its state and step count do not change, as in
 // the reference. Invalid input throws std::invalid_argument naming the
 // argument, before anything is changed.
+//
+// The complete state can be exported and imported as plain data
+// (export_state, import_state) and saved to a file (checkpoint.hpp).
 
 #include <array>
 #include <cmath>
@@ -31,6 +34,7 @@
 #include "config.hpp"
 #include "dtype.hpp"
 #include "hyperparameters.hpp"
+#include "optimizer_state.hpp"
 #include "param_state.hpp"
 #include "random.hpp"
 #include "state_layout.hpp"
@@ -150,6 +154,62 @@ class Optimizer {
   ParamStateView state(ParamId id) const {
     const Entry& e = entry(id);
     return {e.state.m, e.state.v, e.state.v_row, e.state.v_col, e.state.step};
+  }
+
+  /// The id keying this parameter's stochastic-rounding bits (FNV-1a of its
+  /// name when registered; import_state() restores a saved one).
+  std::uint32_t rounding_stream(ParamId id) const { return entry(id).id; }
+
+  /// A copy of the complete optimizer state (see optimizer_state.hpp).
+  OptimizerState export_state() const {
+    OptimizerState s;
+    for (Tier t : all_tiers) s.hyperparameters[static_cast<std::size_t>(tier_index(t))] = hyper_[t];
+    s.seed = seed_;
+    s.steps = steps_;
+    s.params.reserve(entries_.size());
+    for (const Entry& e : entries_) s.params.push_back(OptimizerState::Param{e.state, e.id});
+    return s;
+  }
+
+  /// Replaces the complete optimizer state with `next`, which must describe
+  /// the registered parameters in ParamId order with state arrays of exactly
+  /// the sizes this optimizer's rules keep. Everything is checked first: on
+  /// error std::invalid_argument names the problem and nothing has changed;
+  /// then the state is swapped in without any step that can fail. Gradients,
+  /// lr schedules, threads and the non-finite policy are not part of it.
+  void import_state(OptimizerState next) {
+    if (next.params.size() != entries_.size())
+      throw std::invalid_argument("state: holds " + std::to_string(next.params.size()) +
+                                  " parameters, the optimizer has " + std::to_string(entries_.size()));
+    if (next.steps < 0) throw std::invalid_argument("state.steps = " + std::to_string(next.steps) + ": must be >= 0");
+    for (Tier t : all_tiers)
+      validate(next.hyperparameters[static_cast<std::size_t>(tier_index(t))],
+               "state.hyperparameters." + std::string(tier_name(t)));
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      const ParamState& have = entries_[i].state;
+      const ParamState& got = next.params[i].state;
+      const std::string who = "state of '" + entries_[i].name + "'";
+      auto same_size = [&](const std::vector<float>& a, const std::vector<float>& b, const char* array) {
+        if (a.size() != b.size())
+          throw std::invalid_argument(who + ": " + array + " has " + std::to_string(b.size()) + " values, expected " +
+                                      std::to_string(a.size()));
+      };
+      same_size(have.m, got.m, "m");
+      same_size(have.v, got.v, "v");
+      same_size(have.v_row, got.v_row, "v_row");
+      same_size(have.v_col, got.v_col, "v_col");
+      if (got.step < 0 || got.step > next.steps)
+        throw std::invalid_argument(who + ": step = " + std::to_string(got.step) + " is outside 0.." +
+                                    std::to_string(next.steps) + " (the optimizer's step count)");
+    }
+    // commit: swaps and scalar copies only
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      std::swap(entries_[i].state, next.params[i].state);
+      entries_[i].id = next.params[i].rounding_stream;
+    }
+    for (Tier t : all_tiers) hyper_[t] = next.hyperparameters[static_cast<std::size_t>(tier_index(t))];
+    seed_ = next.seed;
+    steps_ = next.steps;
   }
 
   // ------------------------------------------------------ hyperparameters
