@@ -186,6 +186,7 @@ inline CheckpointError io_error(const std::string& where, const std::string& wha
   return CheckpointError(CheckpointError::Kind::io, where + ": " + what);
 }
 inline std::string errno_text(int e) { return std::error_code(e, std::generic_category()).message(); }
+inline std::string bytes_text(std::uint64_t n) { return std::to_string(n) + (n == 1 ? " byte" : " bytes"); }
 
 // ------------------------------------------------------------ little endian
 inline void put_le(unsigned char* p, std::uint64_t v, int bytes) noexcept {
@@ -262,7 +263,7 @@ class Decoder {
   }
   void finish() const {
     if (pos_ != b_.size())
-      throw corrupt(where_, std::to_string(b_.size() - pos_) + " unexpected bytes at the end of the record");
+      throw corrupt(where_, bytes_text(b_.size() - pos_) + " left over at the end of the record");
   }
   const std::string& where() const noexcept { return where_; }
 
@@ -559,7 +560,7 @@ Header read_header(Source& src) {
     if (src.size() < r.file_size)
       throw corrupt(where, "truncated: " + std::to_string(src.size()) + " bytes, the header says " +
                                std::to_string(r.file_size));
-    throw corrupt(where, std::to_string(src.size() - r.file_size) + " unexpected bytes after the end (" +
+    throw corrupt(where, bytes_text(src.size() - r.file_size) + " after the end (" +
                              std::to_string(src.size()) + " bytes, the header says " + std::to_string(r.file_size) + ")");
   }
   if (r.flags & ~known_flags) throw corrupt(where, "unknown header flags " + std::to_string(r.flags));

@@ -335,7 +335,7 @@ TEST_CASE("every corruption class is rejected and changes nothing") {
   SUBCASE("trailing bytes") {
     std::vector<std::byte> bad = good;
     bad.push_back(std::byte{0});
-    expect_rejected(t, before, bad, CheckpointError::Kind::corrupt, "1 unexpected bytes after the end");
+    expect_rejected(t, before, bad, CheckpointError::Kind::corrupt, "1 byte after the end");
   }
   SUBCASE("another format version") {
     std::vector<std::byte> bad = good;
