@@ -112,7 +112,9 @@ TEST_CASE("resume is bit-identical: fp32 and bf16 with stochastic rounding, any 
   const Config configs[] = {{Dtype::f32, 1, 1}, {Dtype::f32, 2, 2}, {Dtype::f32, 1, 2},
                             {Dtype::bf16, 1, 1}, {Dtype::bf16, 2, 2}, {Dtype::bf16, 2, 1},
                             {Dtype::f16, 2, 1}};
-  for (const auto& [weights, threads_before, threads_after] : configs) {
+  for (const Config& config : configs) {
+    const Dtype weights = config.weights;  // plain variables: doctest's CAPTURE cannot name structured bindings
+    const int threads_before = config.threads_before, threads_after = config.threads_after;
     {
       {
         CAPTURE(dtype_name(weights));

@@ -76,7 +76,9 @@ TEST_CASE("NaN, +-inf and overflowing values in any tier and dtype skip the whol
   const float inf = std::numeric_limits<float>::infinity();
   constexpr std::int64_t done = 3, bad_step = 4;  // every tensor has a gradient on step 4
   const std::pair<Dtype, int> configs[] = {{Dtype::f32, 2}, {Dtype::bf16, 1}, {Dtype::bf16, 2}, {Dtype::f16, 2}};
-  for (const auto& [weights, threads] : configs) {
+  for (const auto& config : configs) {
+    const Dtype weights = config.first;  // plain variables: doctest's CAPTURE cannot name structured bindings
+    const int threads = config.second;
     {
       // the run that never sees the bad gradient
       Model ref = Model::make(weights);
