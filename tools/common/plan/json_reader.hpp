@@ -100,15 +100,18 @@ class JsonReader {
   static constexpr int max_depth = 64;
 
   /// Parses `text`; throws InventoryError("<source>: <problem>") on the
-  /// first problem, malformed JSON included.
-  void parse(std::string_view text, std::string_view source) {
+  /// first problem, malformed JSON included. `document` names the text in
+  /// messages about its encoding and syntax ("the JSON header"); empty for a
+  /// whole file.
+  void parse(std::string_view text, std::string_view source, std::string_view document = {}) {
+    document_ = document.empty() ? std::string("the file") : std::string(document);
     if (const std::size_t bad = first_invalid_utf8(text); bad != std::string_view::npos)
-      throw InventoryError(std::string(source) + ": not valid UTF-8 (byte " + std::to_string(bad) +
-                           " of the JSON text)");
+      throw InventoryError(std::string(source) + ": " + document_ + " is not valid UTF-8 (byte " +
+                           std::to_string(bad) + "); tensor names and all JSON text must be UTF-8");
     const bool ok = nlohmann::json::sax_parse(text.begin(), text.end(), this);
     if (!ok || !error_.empty())
       throw InventoryError(std::string(source) + ": " +
-                           (error_.empty() ? std::string("malformed JSON") : error_));
+                           (error_.empty() ? document_ + " is not valid JSON" : error_));
   }
 
   // ---- nlohmann::json SAX interface
@@ -154,7 +157,7 @@ class JsonReader {
     if (const std::size_t close_bracket = what.find("] "); what.rfind("[json.exception", 0) == 0 &&
                                                           close_bracket != std::string::npos)
       what.erase(0, close_bracket + 2);
-    return fail("malformed JSON: " + what);
+    return fail(document_ + " is not valid JSON: " + what);
   }
 
  protected:
@@ -193,6 +196,7 @@ class JsonReader {
   }
 
   std::string error_;
+  std::string document_ = "the file";
   int depth_ = 0;
   int skipping_ = 0;  // > 0 while inside a skipped container
 };

@@ -114,9 +114,9 @@ inline std::string plan_table(const Plan& plan, std::string_view model,
   using detail::pad_left;
   using detail::pad_right;
   std::string out;
-  out += std::string(model) + ": " + with_commas(plan.tensors) + " tensors, " +
-         format_millions(plan.total_params) + " parameters (" + with_commas(plan.total_params) + "), " +
-         format_bytes(plan.weights_bytes) + " of weights\n";
+  out += std::string(model) + ": " + with_commas(plan.tensors) + " tensors, " + with_commas(plan.total_params) +
+         " parameters" + (plan.total_params >= 1'000'000 ? " (" + format_millions(plan.total_params) + ")" : "") +
+         ", " + format_bytes(plan.weights_bytes) + " of weights\n";
   if (!skipped.empty()) {
     out += "left out: " + with_commas(static_cast<index_t>(skipped.size())) +
            " integer or boolean buffer(s), e.g. '" + skipped.front().name + "' (" + skipped.front().dtype + ")\n";

@@ -243,7 +243,7 @@ inline Inventory parse_safetensors(std::string_view file_start, std::uint64_t fi
   const std::uint64_t data_size = file_size - 8 - n;
 
   detail::SafetensorsHeaderReader reader;
-  reader.parse(header, src + ": header");
+  reader.parse(header, src, "the JSON header");
   std::vector<detail::SafetensorsEntry>& entries = reader.entries;
 
   {
