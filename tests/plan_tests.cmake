@@ -31,6 +31,8 @@ skewadam_plan_test(json_inventory 0 "${_plan_data}/small.json|--json"
   OUT "\"total_params\": 92|\"skewadam\": 320|\"adamw\": 736")
 skewadam_plan_test(safetensors 0 "${_plan_data}/small.safetensors|--json"
   OUT "\"total_params\": 92|\"weights_bytes\": 208|\"skewadam\": 320|\"expert_momentum\": 512|\"factored_router\": 312|\"adafactor\": 168|\"uniform\": 536")
+skewadam_plan_test(safetensors_json_note 0 "${_plan_data}/small.safetensors|--json"
+  ERR "left out 1 integer or boolean buffer(s), e.g. 'position_ids' (I64)")
 skewadam_plan_test(safetensors_table 0 "${_plan_data}/small.safetensors"
   OUT "left out: 1 integer or boolean buffer(s), e.g. 'position_ids' (I64)")
 skewadam_plan_test(sharded_folder 0 "${_plan_data}/sharded|--json" OUT "\"total_params\": 95|\"skewadam\": 300")

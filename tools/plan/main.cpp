@@ -70,10 +70,15 @@ int run(const Options& opt) {
   }
 
   const Plan plan = make_plan(inventory.tensors, assigner);
-  if (opt.json)
+  if (opt.json) {
     std::cout << tools::plan_json(plan).dump(2) << "\n";
-  else
+    if (!inventory.skipped.empty())
+      std::cerr << "skewadam-plan: left out " << inventory.skipped.size()
+                << " integer or boolean buffer(s), e.g. '" << inventory.skipped.front().name << "' ("
+                << inventory.skipped.front().dtype << ")\n";
+  } else {
     std::cout << tools::plan_table(plan, model, inventory.skipped);
+  }
   std::cout.flush();
   if (!std::cout) {
     std::cerr << "skewadam-plan: cannot write the output\n";
