@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "plan/presets.hpp"
-#include "plan/report.hpp"
+#include <skewadam_tools/model_presets.hpp>
+#include <skewadam_tools/plan_report.hpp>
 #include "plan_test_support.hpp"
 
 using skewadam::Dtype;

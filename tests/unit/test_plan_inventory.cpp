@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "plan/inventory.hpp"
-#include "plan/load.hpp"
-#include "plan/safetensors.hpp"
+#include <skewadam_tools/inventory.hpp>
+#include <skewadam_tools/inventory_loader.hpp>
+#include <skewadam_tools/safetensors.hpp>
 #include "plan_test_support.hpp"
 
 using skewadam::Dtype;

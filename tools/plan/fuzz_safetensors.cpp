@@ -12,8 +12,8 @@
 
 #include <skewadam/plan.hpp>
 
-#include "plan/inventory.hpp"
-#include "plan/safetensors.hpp"
+#include <skewadam_tools/inventory.hpp>
+#include <skewadam_tools/safetensors.hpp>
 
 namespace {
 

@@ -19,10 +19,10 @@
 #include <skewadam/tier_assignment.hpp>
 #include <skewadam/version.hpp>
 
-#include "plan/inventory.hpp"
-#include "plan/load.hpp"
-#include "plan/presets.hpp"
-#include "plan/report.hpp"
+#include <skewadam_tools/inventory.hpp>
+#include <skewadam_tools/inventory_loader.hpp>
+#include <skewadam_tools/model_presets.hpp>
+#include <skewadam_tools/plan_report.hpp>
 
 namespace {
 
