@@ -645,9 +645,11 @@ inline const char* const state_array_names[] = {"m", "v", "v_row", "v_col"};
 inline constexpr std::string_view values_array = "param";
 
 /// The state arrays (name, logical shape) the rule with `layout` keeps for a
-/// parameter of `shape`: exactly what Optimizer::add() allocates.
+/// parameter of `shape`: exactly what Optimizer::add() allocates (nothing
+/// for an empty tensor).
 inline std::vector<CheckpointInfo::Array> state_arrays(StateLayout layout, const Shape& shape) {
   std::vector<CheckpointInfo::Array> a;
+  if (shape.numel() == 0) return a;
   if (layout.momentum) a.push_back({"m", Dtype::f32, shape});
   if (factors(layout, shape)) {
     std::array<index_t, max_rank> d{};

@@ -105,6 +105,9 @@ class Optimizer {
     const MatrixGeometry g = param.shape.matrices();
     const index_t n = param.numel();
     e.factored = factors(layout, param.shape);
+    if (n == 0) {
+      // empty tensors keep no state and are never stepped
+    } else {
     if (layout.momentum) e.state.m.assign(static_cast<std::size_t>(n), 0.0f);
     if (e.factored) {
       e.state.v_row.assign(static_cast<std::size_t>(g.batch * g.rows), 0.0f);
@@ -124,6 +127,7 @@ class Optimizer {
     e.restorable_statistics = e.factored && e.state.m.empty();
     if (e.restorable_statistics) e.statistics_backup.assign(e.state.v_row.size() + e.state.v_col.size(), 0.0f);
     e.scan.assign(static_cast<std::size_t>(g.batch * backend::Cutting::chunks_per_matrix(g)), -1.0);
+    }
 
     const ParamId id{static_cast<index_t>(entries_.size())};
     entries_.push_back(std::move(e));
