@@ -300,6 +300,31 @@ TEST_CASE("loading checks names, tiers, dtypes, shapes and rules, and names ever
   }
 }
 
+TEST_CASE("empty tensors and untouched parameters round-trip") {
+  std::vector<float> w(12, 0.5f), g(12, 0.1f);
+  std::vector<bf16> none;
+  auto build = [&](SkewAdam& opt) {
+    opt.add("empty", Tier::experts, TensorView<bf16>(none.data(), {0, 5}));
+    opt.add("w", Tier::backbone, TensorView<float>(w.data(), {3, 4}));
+    opt.add("never", Tier::router, TensorView<float>(w.data(), {12}));
+  };
+  SkewAdam a(Hyperparameters{}, OptimizerOptions{.threads = 1});
+  build(a);
+  a.set_grad(*a.find("w"), TensorView<const float>(g.data(), {3, 4}));
+  a.step();
+  const auto bytes = checkpoint_bytes(a, SaveOptions{.include_params = true});
+  const CheckpointInfo info = read_checkpoint_info(std::span<const std::byte>(bytes));
+  REQUIRE(info.params.size() == 3);
+  CHECK(info.params[0].arrays.size() == 1);  // values only: an empty tensor keeps no state
+  CHECK(info.params[2].step == 0);
+  SkewAdam b(Hyperparameters{}, OptimizerOptions{.threads = 2});
+  build(b);
+  load_checkpoint(b, std::span<const std::byte>(bytes));
+  CHECK(b.state(*b.find("w")).step == 1);
+  CHECK(b.state(*b.find("never")).step == 0);
+  CHECK(b.steps() == 1);
+}
+
 TEST_CASE("parameter values load only when asked") {
   Trained t;
   const auto with_values = checkpoint_bytes(t.opt, SaveOptions{.include_params = true});
