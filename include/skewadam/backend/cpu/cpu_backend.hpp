@@ -6,10 +6,6 @@
 // computes it and partials are combined in a fixed order, results are
 // bit-identical for any thread count.
 //
-// The apply phase walks the units in reverse: the last rows the statistics
-// pass read are the likeliest to still be in cache, so the second read of the
-// gradient (or momentum) starts with them.
-//
 // Arch is an xsimd architecture tag (xsimd::avx2, xsimd::avx512bw, ...) or
 // skewadam::ScalarArch. The default is the best one the compiler targets.
 
@@ -103,7 +99,7 @@ class CpuBackend {
 #pragma omp for schedule(dynamic, 1)
 #endif
         for (index_t k = 0; k < nunits; ++k) {
-          const Unit& u = units[static_cast<std::size_t>(nunits - 1 - k)];
+          const Unit& u = units[static_cast<std::size_t>(k)];
           const TensorTask& t = tasks[static_cast<std::size_t>(u.task)];
           if (t.kernel->apply) t.kernel->apply(t, u, scratch);
         }
