@@ -174,7 +174,7 @@ struct GradientScan {
                                        gradient_limit(t.geom, Factored));
     t.unit_sum[u.block] = static_cast<double>(at);
   }
-  static void finalize(const backend::TensorTask& /*t*/) {}
+  static void finalize(const backend::TensorTask& /*t*/, float* /*scratch*/) {}
   static const backend::KernelTable* table() noexcept {
     static constexpr backend::KernelTable k{&statistics, &finalize, nullptr};
     return &k;
@@ -201,7 +201,7 @@ struct PhaseKernels {
 };
 
 inline void no_statistics(const backend::TensorTask&, const backend::Unit&, float*) {}
-inline void no_finalize(const backend::TensorTask&) {}
+inline void no_finalize(const backend::TensorTask&, float*) {}
 
 inline PhaseKernels split_phases(const backend::KernelTable* full) noexcept {
   return PhaseKernels{full, {full->statistics, full->finalize, nullptr}, {&no_statistics, &no_finalize, full->apply}};
