@@ -81,8 +81,16 @@ class CpuBackend {
     // the number of tensors only, and is reused from step to step.)
     if (pending_.size() < tasks.size()) pending_.resize(tasks.size());
     std::fill(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(tasks.size()), index_t{0});
-    for (const Unit& u : units) ++pending_[static_cast<std::size_t>(u.task)];
-    const int nthreads = static_cast<int>(std::min<index_t>(threads_, std::max<index_t>(1, nunits)));
+    index_t elements = 0;
+    for (const Unit& u : units) {
+      const TensorTask& t = tasks[static_cast<std::size_t>(u.task)];
+      ++pending_[static_cast<std::size_t>(u.task)];
+      elements += (u.end - u.begin) * (t.factored ? t.geom.cols : 1);
+    }
+    // A thread per Cutting::chunk_elems elements at most: a small step is
+    // not worth waking threads for (the result does not depend on the count).
+    const index_t by_work = std::max<index_t>(1, elements / Cutting::chunk_elems);
+    const int nthreads = static_cast<int>(std::min<index_t>({index_t{threads_}, nunits, by_work}));
 #if defined(_OPENMP)
 #pragma omp parallel num_threads(nthreads)
 #endif
