@@ -128,14 +128,18 @@ inline float gradient_limit(const MatrixGeometry& g, bool factored) noexcept {
   return static_cast<float>(std::sqrt(static_cast<double>(FLT_MAX) / (2.0 * static_cast<double>(n))));
 }
 
+/// Written on bits and plain floats so that the compiler vectorizes the scan.
 template <class G>
 SKEWADAM_ALWAYS_INLINE bool offends(G g, float scale, float limit) noexcept {
   if constexpr (std::is_same_v<G, f16>) {
     (void)scale;
     (void)limit;  // every finite fp16 value is far below any limit
     return (bits_of(g) & 0x7c00u) == 0x7c00u;
+  } else if constexpr (std::is_same_v<G, bf16>) {
+    const float x = bits_float(static_cast<std::uint32_t>(bits_of(g)) << 16);  // exact widening
+    return !(std::fabs(x * scale) <= limit);
   } else {
-    return !(std::fabs(to_float(g) * scale) <= limit);
+    return !(std::fabs(g * scale) <= limit);
   }
 }
 
