@@ -22,7 +22,16 @@ namespace skewadam {
 using bf16 = Eigen::bfloat16;
 using f16 = Eigen::half;
 
+// The enumerators share their names with the element types above; that is
+// intended (Dtype::bf16 is the dtype of skewadam::bf16).
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wshadow"
+#endif
 enum class Dtype : int { f32 = 0, bf16 = 1, f16 = 2 };
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
 
 constexpr std::string_view dtype_name(Dtype d) noexcept {
   switch (d) {

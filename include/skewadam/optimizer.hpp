@@ -94,6 +94,9 @@ class Optimizer {
     const MatrixGeometry g = param.shape.matrices();
     const index_t n = param.numel();
     e.factored = factors(layout, param.shape);
+    if (n == 0) {
+      // empty tensors keep no state and are never stepped
+    } else {
     if (layout.momentum) e.state.m.assign(static_cast<std::size_t>(n), 0.0f);
     if (e.factored) {
       e.state.v_row.assign(static_cast<std::size_t>(g.batch * g.rows), 0.0f);
@@ -109,6 +112,7 @@ class Optimizer {
     }
     e.matrices.assign(static_cast<std::size_t>(g.batch), backend::MatrixScratch{});
     if (e.factored) backend_.reserve_columns(g.cols);
+    }
 
     const ParamId id{static_cast<index_t>(entries_.size())};
     entries_.push_back(std::move(e));

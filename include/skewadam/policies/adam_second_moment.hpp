@@ -12,17 +12,14 @@
 #include "../config.hpp"
 #include "../step_scalars.hpp"
 #include "../vmath.hpp"
+#include "exact_second_moment.hpp"
 
 namespace skewadam {
 
-struct AdamSecondMoment {
-  static constexpr bool factored = false;
+/// Same state and update as ExactSecondMoment; only the denominator differs.
+struct AdamSecondMoment : ExactSecondMoment {
   using rank1_fallback = AdamSecondMoment;
 
-  template <class V>
-  SKEWADAM_HD static V update(const V& v, const V& g2, const StepScalars& s) {
-    return vmath::splat<V>(s.beta2) * v + vmath::splat<V>(s.one_minus_beta2) * g2;
-  }
   template <class V>
   SKEWADAM_HD static V denominator(const V& v, const StepScalars& s) {
     return vmath::sqrt(v) + vmath::splat<V>(s.eps_sqrt_bc2);

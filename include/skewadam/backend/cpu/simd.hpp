@@ -28,7 +28,16 @@ namespace skewadam::vmath {
 template <class A>
 struct ops<xsimd::batch<float, A>> {
   using B = xsimd::batch<float, A>;
+// GCC 12 reports its own _mm512_sqrt_ps (which starts from an undefined
+// vector) as maybe-uninitialized once inlined; the value is fully written.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
   static SKEWADAM_ALWAYS_INLINE B sqrt(const B& x) { return xsimd::sqrt(x); }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
   static SKEWADAM_ALWAYS_INLINE B floor_at(const B& x, const B& f) { return xsimd::select(x < f, f, x); }
   static SKEWADAM_ALWAYS_INLINE B broadcast(float x) { return B(x); }
 };
@@ -77,10 +86,18 @@ SKEWADAM_ALWAYS_INLINE void store_f32(float* p, const V& v) {
   else v.store_unaligned(p);
 }
 
+/// Sum of the lanes, left to right (a fixed order on every architecture).
 template <class V>
 SKEWADAM_ALWAYS_INLINE float reduce_add(const V& v) {
-  if constexpr (std::is_same_v<V, float>) return v;
-  else return xsimd::hadd(v);
+  if constexpr (std::is_same_v<V, float>) {
+    return v;
+  } else {
+    alignas(64) float buf[width_v<V>];
+    v.store_aligned(buf);
+    float s = 0.0f;
+    for (index_t k = 0; k < width_v<V>; ++k) s += buf[k];
+    return s;
+  }
 }
 
 /// Stores new parameter values with the rule's rounding policy. `element` is

@@ -1,0 +1,11 @@
+# Runs TOOL CASE and checks that it exits with EXPECT_RC (not by a signal)
+# and prints a message naming the case.
+execute_process(COMMAND ${TOOL} ${CASE} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message(STATUS "exit: ${rc}\nstdout: ${out}\nstderr: ${err}")
+if(NOT rc STREQUAL "${EXPECT_RC}")
+  message(FATAL_ERROR "expected exit status ${EXPECT_RC}, got '${rc}'")
+endif()
+get_filename_component(_name ${CASE} NAME)
+if(NOT err MATCHES "${_name}")
+  message(FATAL_ERROR "the error message does not name the case")
+endif()
