@@ -12,7 +12,14 @@
 // step (clear_grad) is skipped: its state and step count do not change, as in
 // the reference. Invalid input throws std::invalid_argument naming the
 // argument, before anything is changed.
+//
+// The complete state can be exported and imported as plain data
+// (export_state, import_state) and saved to a file (checkpoint.hpp).
+//
+// A step whose gradients hold NaN or infinities is skipped as a whole by
+// default (OptimizerOptions::nonfinite, see nonfinite.hpp).
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -31,6 +38,8 @@
 #include "config.hpp"
 #include "dtype.hpp"
 #include "hyperparameters.hpp"
+#include "nonfinite.hpp"
+#include "optimizer_state.hpp"
 #include "param_state.hpp"
 #include "random.hpp"
 #include "state_layout.hpp"
@@ -56,6 +65,7 @@ struct PerTier {
 struct OptimizerOptions {
   std::uint64_t seed = 0x5eed5eedULL;  ///< stochastic-rounding seed
   int threads = 0;                      ///< 0: the hardware's thread count
+  NonFinitePolicy nonfinite = NonFinitePolicy::skip_step;  ///< see nonfinite.hpp
 };
 
 template <class Tiers = SkewAdamTiers, class Backend = backend::DefaultBackend>
@@ -72,6 +82,7 @@ class Optimizer {
     for (Tier t : all_tiers) validate(per_tier[t], std::string(tier_name(t)));
     hyper_ = per_tier;
     backend_.set_threads(options.threads);
+    set_nonfinite_policy(options.nonfinite);
   }
 
   // ------------------------------------------------------------ parameters
@@ -112,6 +123,10 @@ class Optimizer {
     }
     e.matrices.assign(static_cast<std::size_t>(g.batch), backend::MatrixScratch{});
     if (e.factored) backend_.reserve_columns(g.cols);
+    // non-finite checks: see nonfinite.hpp
+    e.restorable_statistics = e.factored && e.state.m.empty();
+    if (e.restorable_statistics) e.statistics_backup.assign(e.state.v_row.size() + e.state.v_col.size(), 0.0f);
+    e.scan.assign(static_cast<std::size_t>(g.batch * backend::Cutting::chunks_per_matrix(g)), -1.0);
     }
 
     const ParamId id{static_cast<index_t>(entries_.size())};
@@ -156,6 +171,62 @@ class Optimizer {
     return {e.state.m, e.state.v, e.state.v_row, e.state.v_col, e.state.step};
   }
 
+  /// The id keying this parameter's stochastic-rounding bits (FNV-1a of its
+  /// name when registered; import_state() restores a saved one).
+  std::uint32_t rounding_stream(ParamId id) const { return entry(id).id; }
+
+  /// A copy of the complete optimizer state (see optimizer_state.hpp).
+  OptimizerState export_state() const {
+    OptimizerState s;
+    for (Tier t : all_tiers) s.hyperparameters[static_cast<std::size_t>(tier_index(t))] = hyper_[t];
+    s.seed = seed_;
+    s.steps = steps_;
+    s.params.reserve(entries_.size());
+    for (const Entry& e : entries_) s.params.push_back(OptimizerState::Param{e.state, e.id});
+    return s;
+  }
+
+  /// Replaces the complete optimizer state with `next`, which must describe
+  /// the registered parameters in ParamId order with state arrays of exactly
+  /// the sizes this optimizer's rules keep. Everything is checked first: on
+  /// error std::invalid_argument names the problem and nothing has changed;
+  /// then the state is swapped in without any step that can fail. Gradients,
+  /// lr schedules, threads and the non-finite policy are not part of it.
+  void import_state(OptimizerState next) {
+    if (next.params.size() != entries_.size())
+      throw std::invalid_argument("state: holds " + std::to_string(next.params.size()) +
+                                  " parameters, the optimizer has " + std::to_string(entries_.size()));
+    if (next.steps < 0) throw std::invalid_argument("state.steps = " + std::to_string(next.steps) + ": must be >= 0");
+    for (Tier t : all_tiers)
+      validate(next.hyperparameters[static_cast<std::size_t>(tier_index(t))],
+               "state.hyperparameters." + std::string(tier_name(t)));
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      const ParamState& have = entries_[i].state;
+      const ParamState& got = next.params[i].state;
+      const std::string who = "state of '" + entries_[i].name + "'";
+      auto same_size = [&](const std::vector<float>& a, const std::vector<float>& b, const char* array) {
+        if (a.size() != b.size())
+          throw std::invalid_argument(who + ": " + array + " has " + std::to_string(b.size()) + " values, expected " +
+                                      std::to_string(a.size()));
+      };
+      same_size(have.m, got.m, "m");
+      same_size(have.v, got.v, "v");
+      same_size(have.v_row, got.v_row, "v_row");
+      same_size(have.v_col, got.v_col, "v_col");
+      if (got.step < 0 || got.step > next.steps)
+        throw std::invalid_argument(who + ": step = " + std::to_string(got.step) + " is outside 0.." +
+                                    std::to_string(next.steps) + " (the optimizer's step count)");
+    }
+    // commit: swaps and scalar copies only
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      std::swap(entries_[i].state, next.params[i].state);
+      entries_[i].id = next.params[i].rounding_stream;
+    }
+    for (Tier t : all_tiers) hyper_[t] = next.hyperparameters[static_cast<std::size_t>(tier_index(t))];
+    seed_ = next.seed;
+    steps_ = next.steps;
+  }
+
   // ------------------------------------------------------ hyperparameters
   const Hyperparameters& hyperparameters(Tier t) const { return hyper_[checked_tier(t)]; }
   void set_hyperparameters(Tier t, const Hyperparameters& h) {
@@ -184,6 +255,14 @@ class Optimizer {
   void set_threads(int n) { backend_.set_threads(n); }
   int threads() const noexcept { return backend_.threads(); }
 
+  // ---------------------------------------------------- non-finite gradients
+  void set_nonfinite_policy(NonFinitePolicy p) {
+    if (p != NonFinitePolicy::skip_step && p != NonFinitePolicy::raise && p != NonFinitePolicy::unchecked)
+      throw std::invalid_argument("nonfinite policy: unknown value " + std::to_string(static_cast<int>(p)));
+    nonfinite_ = p;
+  }
+  NonFinitePolicy nonfinite_policy() const noexcept { return nonfinite_; }
+
   // ------------------------------------------------ global gradient norm (E6)
   /// L2 norm over all present gradients, in double, in a fixed order.
   double grad_norm() const {
@@ -208,7 +287,10 @@ class Optimizer {
   double pending_grad_scale() const noexcept { return grad_scale_; }
 
   // ------------------------------------------------------------------ step
-  void step() {
+  /// Updates every parameter that has a gradient. Returns whether the step
+  /// was applied; under NonFinitePolicy::skip_step a step with an offending
+  /// gradient is skipped and the report names it (raise: throws instead).
+  StepReport step() {
     const std::int64_t t_global = steps_ + 1;
     PerTier<Hyperparameters> h = hyper_;
     for (Tier t : all_tiers) {
@@ -220,6 +302,7 @@ class Optimizer {
 
     tasks_.clear();
     units_.clear();
+    stepped_.clear();
     for (std::size_t i = 0; i < entries_.size(); ++i) {
       Entry& e = entries_[i];
       if (!e.grad.present() || e.param.numel() == 0) continue;
@@ -242,17 +325,32 @@ class Optimizer {
       task.unit_sum = e.unit_sum.empty() ? nullptr : e.unit_sum.data();
       task.row_blocks = e.row_blocks;
       task.chunks_per_matrix = e.chunks;
-      task.kernel = pick_kernel(e.tier, e.param.dtype, e.grad.dtype, e.param.shape.rank() < 2);
-      const auto index = static_cast<std::int32_t>(tasks_.size());
+      e.kernels = pick_kernel(e.tier, e.param.dtype, e.grad.dtype, e.param.shape.rank() < 2);
+      task.kernel = e.kernels->full;
       tasks_.push_back(task);
-      backend::append_units(task, index, units_);
       stepped_.push_back(i);
     }
-    backend_.run(tasks_, units_);
+
+    StepReport report;
+    if (nonfinite_ == NonFinitePolicy::unchecked) {
+      for (std::size_t k = 0; k < tasks_.size(); ++k)
+        backend::append_units(tasks_[k], static_cast<std::int32_t>(k), units_);
+      backend_.run(tasks_, units_);
+    } else if (std::optional<NonFiniteGradient> bad = checked_statistics()) {
+      stepped_.clear();
+      grad_scale_ = 1.0;
+      if (nonfinite_ == NonFinitePolicy::raise) throw NonFiniteGradientError(std::move(*bad));
+      report.applied = false;
+      report.nonfinite = std::move(bad);
+      return report;
+    } else {
+      finish_checked_step();
+    }
     for (std::size_t i : stepped_) ++entries_[i].state.step;
     stepped_.clear();
     ++steps_;
     grad_scale_ = 1.0;
+    return report;
   }
 
   /// Number of step() calls so far.
@@ -289,7 +387,117 @@ class Optimizer {
     std::vector<double> unit_sum;
     index_t row_blocks = 1;
     index_t chunks = 1;
+    // non-finite checks (nonfinite.hpp): the statistics pass writes only
+    // v_row and v_col (factored, no momentum), which are copied before it
+    bool restorable_statistics = false;
+    std::vector<float> statistics_backup;  ///< v_row then v_col
+    std::vector<double> scan;              ///< per chunk: first offending offset, or -1
+    const detail::PhaseKernels* kernels = nullptr;
   };
+
+  /// Phase 1 of a checked step (see nonfinite.hpp): the statistics of the
+  /// tensors whose state it can restore, a gradient scan of the others. On an
+  /// offending gradient restores that state and returns the first offender in
+  /// registration order; otherwise leaves phase 2 to finish_checked_step().
+  std::optional<NonFiniteGradient> checked_statistics() {
+    phase_tasks_.clear();
+    units_.clear();
+    for (std::size_t k = 0; k < tasks_.size(); ++k) {
+      Entry& e = entries_[stepped_[k]];
+      backend::TensorTask t = tasks_[k];
+      if (e.restorable_statistics) {
+        std::copy(e.state.v_row.begin(), e.state.v_row.end(), e.statistics_backup.begin());
+        std::copy(e.state.v_col.begin(), e.state.v_col.end(),
+                  e.statistics_backup.begin() + static_cast<std::ptrdiff_t>(e.state.v_row.size()));
+        t.kernel = &e.kernels->statistics_only;
+      } else {
+        t = scan_task(e, tasks_[k]);
+      }
+      phase_tasks_.push_back(t);
+      backend::append_units(t, static_cast<std::int32_t>(k), units_);
+    }
+    backend_.run(phase_tasks_, units_);
+
+    std::optional<std::size_t> first;
+    for (std::size_t k = 0; k < tasks_.size() && !first; ++k) {
+      const Entry& e = entries_[stepped_[k]];
+      const bool ok = e.restorable_statistics
+                          ? detail::all_finite(e.state.v_row.data(), e.state.v_row.size()) &&
+                                detail::all_finite(e.state.v_col.data(), e.state.v_col.size())
+                          : std::all_of(e.scan.begin(), e.scan.end(), [](double x) { return x < 0; });
+      if (!ok) first = k;
+    }
+    if (!first) return std::nullopt;
+
+    for (std::size_t k = 0; k < tasks_.size(); ++k) {
+      Entry& e = entries_[stepped_[k]];
+      if (!e.restorable_statistics) continue;
+      const auto split = e.statistics_backup.begin() + static_cast<std::ptrdiff_t>(e.state.v_row.size());
+      std::copy(e.statistics_backup.begin(), split, e.state.v_row.begin());
+      std::copy(split, e.statistics_backup.end(), e.state.v_col.begin());
+    }
+    return describe_offender(*first);
+  }
+
+  /// Phase 2 of a checked step: apply the first group, everything of the rest.
+  void finish_checked_step() {
+    phase_tasks_.clear();
+    units_.clear();
+    for (std::size_t k = 0; k < tasks_.size(); ++k) {
+      const Entry& e = entries_[stepped_[k]];
+      backend::TensorTask t = tasks_[k];
+      if (e.restorable_statistics) t.kernel = &e.kernels->apply_only;
+      phase_tasks_.push_back(t);
+      backend::append_units(t, static_cast<std::int32_t>(k), units_);
+    }
+    backend_.run(phase_tasks_, units_);
+  }
+
+  /// A task that scans the gradient of `task`, chunk by chunk, into e.scan.
+  static backend::TensorTask scan_task(Entry& e, const backend::TensorTask& task) {
+    backend::TensorTask t = task;
+    t.kernel = detail::gradient_scan_kernels(e.grad.dtype, task.factored);
+    t.factored = false;
+    t.chunks_per_matrix = backend::Cutting::chunks_per_matrix(task.geom);
+    t.unit_sum = e.scan.data();
+    t.m = t.v = t.v_row = t.v_col = nullptr;
+    return t;
+  }
+
+  /// The report for task k, scanning its gradient if phase 1 did not.
+  NonFiniteGradient describe_offender(std::size_t k) {
+    Entry& e = entries_[stepped_[k]];
+    if (e.restorable_statistics) {
+      phase_tasks_.assign(1, scan_task(e, tasks_[k]));
+      units_.clear();
+      backend::append_units(phase_tasks_[0], 0, units_);
+      backend_.run(phase_tasks_, units_);
+    }
+    NonFiniteGradient r;
+    r.param = ParamId{static_cast<index_t>(stepped_[k])};
+    r.name = e.name;
+    r.shape = e.param.shape;
+    const index_t chunk = backend::Cutting::chunk_elems;
+    const index_t per_matrix = backend::Cutting::chunks_per_matrix(tasks_[k].geom);
+    for (std::size_t u = 0; u < e.scan.size(); ++u) {
+      if (e.scan[u] < 0) continue;
+      const auto ui = static_cast<index_t>(u);
+      r.element = (ui / per_matrix) * tasks_[k].geom.matrix_size() + (ui % per_matrix) * chunk +
+                  static_cast<index_t>(e.scan[u]);
+      r.value = grad_value(e.grad, r.element) * static_cast<float>(grad_scale_);
+      break;
+    }
+    return r;
+  }
+
+  static float grad_value(const GradView& g, index_t i) {
+    switch (g.dtype) {
+      case Dtype::f32: return g.as<float>()[i];
+      case Dtype::bf16: return to_float(g.as<bf16>()[i]);
+      case Dtype::f16: return to_float(g.as<f16>()[i]);
+    }
+    return 0.0f;
+  }
 
   Entry& entry(ParamId id) {
     if (id.index < 0 || id.index >= size())
@@ -346,24 +554,29 @@ class Optimizer {
     return s;
   }
 
+  /// The backend's kernel table for (Rule, P, G) and its two phases.
+  template <class Rule, class P, class G>
+  static const detail::PhaseKernels* phase_kernels() {
+    static const detail::PhaseKernels k = detail::split_phases(Backend::template kernels<Rule, P, G>());
+    return &k;
+  }
+
   template <class Rule>
-  static const backend::KernelTable* pick_rule(Dtype p, Dtype g, bool rank1) {
+  static const detail::PhaseKernels* pick_rule(Dtype p, Dtype g, bool rank1) {
     if constexpr (!std::is_same_v<Rule, typename Rule::rank1_rule>) {
       if (rank1) return pick_rule<typename Rule::rank1_rule>(p, g, false);
     }
     switch (p) {
-      case Dtype::f32: return Backend::template kernels<Rule, float, float>();
+      case Dtype::f32: return phase_kernels<Rule, float, float>();
       case Dtype::bf16:
-        return g == Dtype::f32 ? Backend::template kernels<Rule, bf16, float>()
-                               : Backend::template kernels<Rule, bf16, bf16>();
+        return g == Dtype::f32 ? phase_kernels<Rule, bf16, float>() : phase_kernels<Rule, bf16, bf16>();
       case Dtype::f16:
-        return g == Dtype::f32 ? Backend::template kernels<Rule, f16, float>()
-                               : Backend::template kernels<Rule, f16, f16>();
+        return g == Dtype::f32 ? phase_kernels<Rule, f16, float>() : phase_kernels<Rule, f16, f16>();
     }
     return nullptr;
   }
 
-  static const backend::KernelTable* pick_kernel(Tier t, Dtype p, Dtype g, bool rank1) {
+  static const detail::PhaseKernels* pick_kernel(Tier t, Dtype p, Dtype g, bool rank1) {
     switch (t) {
       case Tier::backbone: return pick_rule<typename Tiers::backbone>(p, g, rank1);
       case Tier::experts: return pick_rule<typename Tiers::experts>(p, g, rank1);
@@ -380,8 +593,10 @@ class Optimizer {
   std::uint64_t seed_ = 0;
   std::int64_t steps_ = 0;
   double grad_scale_ = 1.0;
+  NonFinitePolicy nonfinite_ = NonFinitePolicy::skip_step;
   // reused every step; grow with the number of tensors, never with their size
   std::vector<backend::TensorTask> tasks_;
+  std::vector<backend::TensorTask> phase_tasks_;
   std::vector<backend::Unit> units_;
   std::vector<std::size_t> stepped_;
 };

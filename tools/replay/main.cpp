@@ -1,25 +1,225 @@
 // skewadam-replay CASE_DIR [--out DIR] [--threads N]
+//                 [--stop-after K] [--save FILE] [--load FILE] [--resume-at K]
 //
 // Runs one golden conformance case exactly as the golden README says, prints
 // the worst error of each array as a fraction of its tolerance, and exits 0
-// only if every array is within tolerance (1: out of tolerance, 2: bad input).
+// only if every array is within tolerance (1: out of tolerance, 2: bad input,
+// including an unreadable, corrupt or foreign checkpoint).
+//
+// Checkpoints (include/skewadam/checkpoint.hpp):
+//   --stop-after K   run steps 1..K only, and check those
+//   --save FILE      after the last step run, save the parameter and the
+//                    optimizer state to FILE
+//   --load FILE      start from FILE (saved by --save for this case) and run
+//                    the remaining steps
+//   --resume-at K    run steps 1..K, save to a temporary file, load it into a
+//                    fresh optimizer and parameter, run steps K+1..N: the
+//                    outputs must be those of an uninterrupted run, bit for bit
+// --out writes what this run computed: params.npy holds the steps it ran
+// (all N unless --stop-after or --load), the state files the state after the
+// last of them.
 
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
+
+#include <skewadam/checkpoint.hpp>
 #include <skewadam_tools/golden_case.hpp>
 
-int main(int argc, char** argv) {
-  CLI::App app{"Run a SkewAdam golden conformance case and compare with its expected outputs"};
+namespace {
+
+using namespace skewadam;
+using namespace skewadam::tools;
+
+/// Metadata key naming the case a checkpoint was saved from.
+constexpr const char* case_key = "skewadam-replay.case";
+
+struct Options {
   std::string case_dir;
   std::string out_dir;
   int threads = 1;
-  app.add_option("case", case_dir, "case folder (case.json, param0.npy, grads.npy, ...)")->required();
-  app.add_option("--out", out_dir, "write the computed params.npy and state files here, golden layout");
-  app.add_option("--threads", threads, "CPU threads (0: hardware)")->check(CLI::NonNegativeNumber);
+  std::optional<std::int64_t> stop_after;
+  std::string save;
+  std::string load;
+  std::optional<std::int64_t> resume_at;
+};
+
+/// A file in the temp folder, removed when done.
+struct TempFile {
+  std::filesystem::path path;
+  explicit TempFile(const std::string& stem) {
+    long pid = 0;
+#if defined(__unix__) || defined(__APPLE__)
+    pid = static_cast<long>(::getpid());
+#endif
+    path = std::filesystem::temp_directory_path() /
+           ("skewadam-replay-" + std::to_string(pid) + "-" + stem + ".ckpt");
+  }
+  ~TempFile() {
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+  }
+};
+
+void check_step(const char* flag, std::int64_t k, std::int64_t steps) {
+  if (k < 0 || k > steps)
+    throw CaseError(std::string(flag) + " " + std::to_string(k) + ": the case has steps 1.." + std::to_string(steps));
+}
+
+template <class Rule>
+class Replay {
+ public:
+  using Opt = Optimizer<TierRules<Rule, Rule, Rule>>;
+
+  Replay(const GoldenCase& c, int threads)
+      : c_(c),
+        shape_(c.shape.begin(), static_cast<index_t>(c.shape.size()), "case shape"),
+        param_(c.param0.data),
+        opt_(std::make_unique<Opt>(c.hyper, OptimizerOptions{.threads = threads})) {
+    id_ = opt_->add(name(), Tier::backbone, TensorView<float>(param_.data(), shape_));
+  }
+
+  std::string name() const { return c_.name.empty() ? "param" : c_.name; }
+  std::int64_t steps_done() const { return opt_->steps(); }
+
+  void run(std::int64_t first, std::int64_t last, CaseRun& run) {
+    run_golden_steps(c_, *opt_, id_, param_, first, last, run);
+    collect_state(*opt_, id_, run);
+  }
+
+  void save(const std::filesystem::path& file) const {
+    save_checkpoint(*opt_, file, SaveOptions{.include_params = true, .metadata = {{case_key, c_.name}}});
+  }
+
+  /// Loads a checkpoint saved for this case; returns its step count.
+  std::int64_t load(const std::filesystem::path& file) {
+    const CheckpointInfo info = read_checkpoint_info(file);
+    if (const std::string* saved = info.find_metadata(case_key); saved && *saved != c_.name)
+      throw CheckpointError(CheckpointError::Kind::mismatch,
+                            file.string() + ": saved from case '" + *saved + "', not '" + c_.name + "'");
+    if (info.steps > c_.steps)
+      throw CheckpointError(CheckpointError::Kind::mismatch, file.string() + ": saved after step " +
+                                                                 std::to_string(info.steps) + ", the case has " +
+                                                                 std::to_string(c_.steps) + " steps");
+    load_checkpoint(*opt_, file, LoadOptions{.params = ParamValues::require});
+    return opt_->steps();
+  }
+
+ private:
+  const GoldenCase& c_;
+  Shape shape_;
+  std::vector<float> param_;
+  std::unique_ptr<Opt> opt_;
+  ParamId id_{};
+};
+
+/// Compares steps [first, last) and, after the last step, the state.
+std::vector<ArrayCheck> check_steps(const GoldenCase& c, const CaseRun& run, std::int64_t first, std::int64_t last) {
+  const auto n = static_cast<std::ptrdiff_t>(c.numel());
+  const std::vector<float> got(run.params.begin() + first * n, run.params.begin() + last * n);
+  const std::vector<float> want(c.params.data.begin() + first * n, c.params.data.begin() + last * n);
+  std::vector<ArrayCheck> out;
+  out.push_back(compare_array("params", got, want, c.tolerance));
+  if (last == c.steps) {
+    const auto all = check_golden_case(c, run);
+    out.insert(out.end(), all.begin() + 1, all.end());  // the state files
+  }
+  return out;
+}
+
+void write_outputs(const GoldenCase& c, const CaseRun& run, std::int64_t first, std::int64_t last,
+                   const std::filesystem::path& out) {
+  std::filesystem::create_directories(out);
+  std::vector<std::int64_t> seq = c.shape;
+  seq.insert(seq.begin(), last - first);
+  write_npy(out / "params.npy", seq, run.params.data() + first * c.numel());
+  for (const auto& [name, values] : run.state)
+    write_npy(out / (name + ".npy"), skewadam::tools::detail::state_shape(name, c.shape), values.data());
+}
+
+template <class Rule>
+int replay(const GoldenCase& c, const Options& o) {
+  CaseRun run;
+  std::int64_t first = 0, last = c.steps;
+  std::string how;
+  if (o.resume_at) {
+    const std::int64_t k = *o.resume_at;
+    check_step("--resume-at", k, c.steps);
+    Replay<Rule> before(c, o.threads);
+    before.run(0, k, run);
+    const TempFile tmp(c.name);
+    before.save(tmp.path);
+    Replay<Rule> after(c, o.threads);
+    if (after.load(tmp.path) != k) throw CaseError("--resume-at: the checkpoint did not restore step " + std::to_string(k));
+    after.run(k, c.steps, run);
+    how = "steps 1.." + std::to_string(k) + ", saved, loaded into a fresh optimizer, steps " + std::to_string(k + 1) +
+          ".." + std::to_string(c.steps);
+  } else {
+    Replay<Rule> r(c, o.threads);
+    if (!o.load.empty()) {
+      first = r.load(o.load);
+      how = "loaded " + o.load + " (after step " + std::to_string(first) + "), ";
+    }
+    if (o.stop_after) {
+      check_step("--stop-after", *o.stop_after, c.steps);
+      last = *o.stop_after;
+      if (last < first)
+        throw CaseError("--stop-after " + std::to_string(last) + ": the checkpoint is already at step " +
+                        std::to_string(first));
+    }
+    r.run(first, last, run);
+    how += last > first ? "steps " + std::to_string(first + 1) + ".." + std::to_string(last) : "no steps";
+    if (!o.save.empty()) {
+      r.save(o.save);
+      how += ", saved to " + o.save;
+    }
+  }
+
+  const auto checks = check_steps(c, run, first, last);
+  bool ok = true;
+  std::printf("%s: %lld steps, shape [", c.name.c_str(), static_cast<long long>(c.steps));
+  for (std::size_t i = 0; i < c.shape.size(); ++i)
+    std::printf("%s%lld", i ? ", " : "", static_cast<long long>(c.shape[i]));
+  std::printf("], momentum %s, factored %s, clip scope %s, threads %d\n", c.momentum ? "yes" : "no",
+              c.factored ? "yes" : "no", c.hyper.clip_scope == ClipScope::matrix ? "matrix" : "tensor", o.threads);
+  if (o.resume_at || !o.load.empty() || o.stop_after || !o.save.empty()) std::printf("  %s\n", how.c_str());
+  for (const auto& r : checks) {
+    if (!r.problem.empty())
+      std::printf("  %-8s FAIL: %s\n", r.array.c_str(), r.problem.c_str());
+    else
+      std::printf("  %-8s worst error %.4f of tolerance (at index %lld) %s\n", r.array.c_str(), r.worst,
+                  static_cast<long long>(r.worst_index), r.ok ? "ok" : "FAIL");
+    ok = ok && r.ok;
+  }
+  if (!o.out_dir.empty()) write_outputs(c, run, first, last, o.out_dir);
+  std::printf("%s\n", ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Run a SkewAdam golden conformance case and compare with its expected outputs"};
+  Options o;
+  app.add_option("case", o.case_dir, "case folder (case.json, param0.npy, grads.npy, ...)")->required();
+  app.add_option("--out", o.out_dir, "write the computed params.npy and state files here, golden layout");
+  app.add_option("--threads", o.threads, "CPU threads (0: hardware)")->check(CLI::NonNegativeNumber);
+  auto* stop = app.add_option("--stop-after", o.stop_after, "run steps 1..K only");
+  auto* save = app.add_option("--save", o.save, "after the last step run, save the parameter and optimizer state");
+  auto* load = app.add_option("--load", o.load, "start from a checkpoint saved by --save for this case");
+  auto* resume = app.add_option("--resume-at", o.resume_at,
+                                "run steps 1..K, save, load into a fresh optimizer, run the rest");
+  resume->excludes(stop)->excludes(save)->excludes(load);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -27,28 +227,8 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   try {
-    using namespace skewadam::tools;
-    const GoldenCase c = load_golden_case(case_dir);
-    const CaseRun run = run_golden_case(c, threads);
-    const auto checks = check_golden_case(c, run);
-    bool ok = true;
-    std::printf("%s: %lld steps, shape [", c.name.c_str(), static_cast<long long>(c.steps));
-    for (std::size_t i = 0; i < c.shape.size(); ++i)
-      std::printf("%s%lld", i ? ", " : "", static_cast<long long>(c.shape[i]));
-    std::printf("], momentum %s, factored %s, clip scope %s, threads %d\n", c.momentum ? "yes" : "no",
-                c.factored ? "yes" : "no", c.hyper.clip_scope == skewadam::ClipScope::matrix ? "matrix" : "tensor",
-                threads);
-    for (const auto& r : checks) {
-      if (!r.problem.empty())
-        std::printf("  %-8s FAIL: %s\n", r.array.c_str(), r.problem.c_str());
-      else
-        std::printf("  %-8s worst error %.4f of tolerance (at index %lld) %s\n", r.array.c_str(), r.worst,
-                    static_cast<long long>(r.worst_index), r.ok ? "ok" : "FAIL");
-      ok = ok && r.ok;
-    }
-    if (!out_dir.empty()) write_case_outputs(c, run, out_dir);
-    std::printf("%s\n", ok ? "PASS" : "FAIL");
-    return ok ? 0 : 1;
+    const GoldenCase c = load_golden_case(o.case_dir);
+    return with_case_rule(c, [&]<class Rule>() { return replay<Rule>(c, o); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "skewadam-replay: %s\n", e.what());
     return 2;

@@ -64,14 +64,16 @@ struct Unit {
 };
 
 /// Function table of one (rule, parameter dtype, gradient dtype, arch).
+/// `scratch` is the calling thread's room for 3 * cols floats (cols: the
+/// widest factored matrix registered), never shared between threads.
 struct KernelTable {
   /// Statistics pass (and, for an element-wise rule without clipping, the
-  /// whole update). `scratch` holds 2 * c floats for the calling thread.
+  /// whole update).
   void (*statistics)(const TensorTask&, const Unit&, float* scratch);
   /// Combines per-unit partials, finishes statistics, computes clip divisors.
-  void (*finalize)(const TensorTask&);
+  void (*finalize)(const TensorTask&, float* scratch);
   /// Applies the update; null when statistics() already did.
-  void (*apply)(const TensorTask&, const Unit&);
+  void (*apply)(const TensorTask&, const Unit&, float* scratch);
 };
 
 /// Work-cutting constants (shape-only, never thread-dependent).

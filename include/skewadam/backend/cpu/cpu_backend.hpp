@@ -1,9 +1,10 @@
 #pragma once
 // CpuBackend<Arch>: runs a step's work on CPU threads, one parallel region per
 // step for all tensors (three phases separated by barriers: statistics,
-// finalize, apply). Units are taken dynamically by threads; since every unit's
-// result is independent of who computes it and partials are combined in a
-// fixed order, results are bit-identical for any thread count.
+// finalize, apply), so many small tensors share one fork/join. Units are taken
+// dynamically by threads; since every unit's result is independent of who
+// computes it and partials are combined in a fixed order, results are
+// bit-identical for any thread count.
 //
 // Arch is an xsimd architecture tag (xsimd::avx2, xsimd::avx512bw, ...) or
 // skewadam::ScalarArch. The default is the best one the compiler targets.
@@ -91,7 +92,7 @@ class CpuBackend {
 #endif
       for (index_t k = 0; k < ntasks; ++k) {
         const TensorTask& t = tasks[static_cast<std::size_t>(k)];
-        t.kernel->finalize(t);
+        t.kernel->finalize(t, scratch);
       }
       if (any_apply) {
 #if defined(_OPENMP)
@@ -100,7 +101,7 @@ class CpuBackend {
         for (index_t k = 0; k < nunits; ++k) {
           const Unit& u = units[static_cast<std::size_t>(k)];
           const TensorTask& t = tasks[static_cast<std::size_t>(u.task)];
-          if (t.kernel->apply) t.kernel->apply(t, u);
+          if (t.kernel->apply) t.kernel->apply(t, u, scratch);
         }
       }
     }
@@ -109,8 +110,8 @@ class CpuBackend {
 
  private:
   void resize_scratch() {
-    // 2 * cols floats per thread, padded to separate cache lines.
-    stride_ = static_cast<std::size_t>(2 * max_cols_ + 16);
+    // 3 * cols floats per thread, padded to separate cache lines.
+    stride_ = static_cast<std::size_t>((3 * max_cols_ + 15) / 16 * 16 + 16);
     scratch_.assign(stride_ * static_cast<std::size_t>(std::max(threads_, 1)), 0.0f);
   }
 

@@ -3,15 +3,16 @@
 // architecture). The math comes from the rule's policies; this file only walks
 // memory, reduces and stores.
 //
-// Passes over memory
-// ------------------
+// Passes over memory (minimal traffic per element in bench/skewadam_bench.cpp)
+// ---------------------------------------------------------------------------
 // Element-wise second moment (router, rank-1 tensors, AdamW):
 //   statistics: read g (m, V), write m, V, accumulate sum(u^2) per chunk.
 //               Without clipping this pass also writes p: one pass in all.
 //   apply:      read g or m, V, p; write p.
 // Factored second moment (backbone, experts):
 //   statistics: read g (and m) once, write m; row sums give R_i, column sums
-//               give C_j. The clip's sum(u^2) is accumulated in the same pass:
+//               give C_j, and the clip's sum(u^2) is accumulated in the same
+//               pass (below).
 //   apply:      read g or m, p; write p.
 //
 // Why sum(u^2) needs no extra pass (factored)
@@ -19,7 +20,7 @@
 // u_ij = n_ij / (row_i col_j), with n the numerator (g sqrt(bc2), or m scaled),
 // row_i^2 = max(R_i / vbar, eps) and col_j^2 = max(C_j, eps). For a row where
 // the floor does not bind, 1 / row_i^2 = vbar / R_i, so
-//   sum_ij u_ij^2 = sum_j (1 / col_j^2) * ( vbar * D_j + sum_{i floored} n_ij^2 / (eps) )
+//   sum_ij u_ij^2 = sum_j (1 / col_j^2) * vbar * D_j + sum_{i floored} sum_j u_ij^2
 //   with D_j = sum_{i not floored} n_ij^2 / R_i.
 // R_i is final as soon as row i has been read, so n_ij^2 / R_i is added to D_j
 // while row i is still in cache (rows with R_i = 0 have n = 0 and add nothing).
@@ -27,9 +28,26 @@
 // formed. Which rows are floored (R_i < eps * vbar) is known only then too:
 // those rows are rare, and the row blocks that contain one are re-read, their
 // D partial recomputed without them, and their own terms added exactly,
-// element by element, as the apply pass will compute them. The result equals
-// the direct sum up to rounding order; tests/unit/test_cpu_backend.cpp checks
-// it against a three-pass implementation, floored rows included.
+// element by element, as the apply pass computes them. The result equals the
+// direct sum up to rounding order; tests/unit/test_cpu_clip_sum.cpp checks it
+// against the direct definition, zero and floored rows included.
+//
+// The statistics pass reads rows in groups of K (8, or 4 with momentum): one
+// sweep over the group's columns streams its K rows from memory (K prefetch
+// streams, one load and store of colsum per K rows) and forms their R_i, a
+// second sweep adds their terms to D_j while they are still in cache. Every
+// sum is still formed in row order, so the grouping does not change a bit;
+// with one row at a time the D sweep left the memory stream idle and the
+// pass ran at about half the read bandwidth.
+//
+// The apply pass divides by nothing per element: the factored denominator
+// row_i * col_j is separable (the statistics algebra above relies on that
+// too), so lr * u_ij / divisor = n_ij * (a_i * w_j) with w_j = 1 / col_j formed
+// once per unit (c values) and a_i = lr / (row_i * divisor) once per row.
+//
+// Element access goes through a Ctx copied onto the stack at each kernel's
+// entry (pointers and per-step scalars): stores through float pointers then
+// cannot alias them, so the compiler keeps them in registers.
 //
 // Determinism: the work is cut by shape (backend/work.hpp); per-unit partials
 // are combined in unit order, so the bits do not depend on thread count.
@@ -52,125 +70,195 @@ struct Kernels {
   using S = typename Rule::second_moment;
   using C = typename Rule::clip;
   using R = typename Rule::rounding;
+  /// Random bits for stochastic rounding: vector Philox for SIMD
+  /// architectures, one block at a time for scalar code (same bits).
+  using Rng = std::conditional_t<std::is_same_v<Arch, ScalarArch>, RandomStream, RandomWindow<Arch>>;
 
   static const KernelTable* table() {
     static constexpr KernelTable t{&statistics, &finalize, (S::factored || C::active) ? &apply : nullptr};
     return &t;
   }
 
+  /// What the loops read, copied out of the task (see the file comment).
+  struct Ctx {
+    StepScalars s;
+    const G* g;
+    P* p;
+    float* m;
+    float* v;
+    index_t rows;
+    index_t cols;
+    explicit Ctx(const TensorTask& t)
+        : s(t.scalars), g(static_cast<const G*>(t.grad)), p(static_cast<P*>(t.param)), m(t.m), v(t.v),
+          rows(t.geom.rows), cols(t.geom.cols) {}
+  };
+
   // ----------------------------------------------------------- element access
   template <class W>
-  static SKEWADAM_ALWAYS_INLINE W grad_at(const TensorTask& t, index_t off) {
-    return load_as<W>(static_cast<const G*>(t.grad) + off) * vmath::splat<W>(t.scalars.grad_scale);
+  static SKEWADAM_ALWAYS_INLINE W grad_at(const Ctx& x, index_t off) {
+    return load_as<W>(x.g + off) * vmath::splat<W>(x.s.grad_scale);
   }
 
   /// Numerator from the gradient and the already-updated momentum.
   template <class W>
-  static SKEWADAM_ALWAYS_INLINE W numerator_at(const TensorTask& t, index_t off) {
+  static SKEWADAM_ALWAYS_INLINE W numerator_at(const Ctx& x, index_t off) {
     W g = vmath::splat<W>(0.0f);
     W m = vmath::splat<W>(0.0f);
-    if constexpr (M::numerator_reads_grad) g = grad_at<W>(t, off);
-    if constexpr (M::has_state) m = load_as<W>(t.m + off);
-    return M::numerator(g, m, t.scalars);
+    if constexpr (M::numerator_reads_grad) g = grad_at<W>(x, off);
+    if constexpr (M::has_state) m = load_as<W>(x.m + off);
+    return M::numerator(g, m, x.s);
   }
 
-  /// p <- round(p * (1 - lr wd) - lr u), one rounding (extension E2).
+  /// p <- round(p * (1 - lr wd) - step), one rounding (extension E2);
+  /// `step` is lr * u after clipping.
   template <class W>
-  static SKEWADAM_ALWAYS_INLINE void update_param(const TensorTask& t, index_t off, const W& u, RandomStream& rng) {
-    P* p = static_cast<P*>(t.param) + off;
-    const W pn = load_as<W>(p) * vmath::splat<W>(t.scalars.decay) - vmath::splat<W>(t.scalars.lr) * u;
+  static SKEWADAM_ALWAYS_INLINE void update_param(const Ctx& x, index_t off, const W& step, Rng& rng) {
+    P* p = x.p + off;
+    const W pn = load_as<W>(p) * vmath::splat<W>(x.s.decay) - step;
     store_param<R>(p, pn, off, rng);
   }
 
   // ------------------------------------------------------- element-wise rule
   static void elementwise_statistics(const TensorTask& t, const Unit& unit) {
-    const StepScalars& s = t.scalars;
+    const Ctx x(t);
+    const StepScalars& s = x.s;
     const index_t base = unit.matrix * t.geom.matrix_size();
     Accumulator<V> acc;
-    RandomStream rng(t.key);
+    Rng rng(t.key);
     for_lanes<V>(base + unit.begin, base + unit.end, [&]<class W>(index_t off) {
-      const W g = grad_at<W>(t, off);
+      const W g = grad_at<W>(x, off);
       W m = vmath::splat<W>(0.0f);
       if constexpr (M::has_state) {
-        m = M::update(load_as<W>(t.m + off), g, s);
-        store_f32(t.m + off, m);
+        m = M::update(load_as<W>(x.m + off), g, s);
+        store_f32(x.m + off, m);
       }
-      const W v = S::update(load_as<W>(t.v + off), g * g, s);
-      store_f32(t.v + off, v);
+      const W v = S::update(load_as<W>(x.v + off), g * g, s);
+      store_f32(x.v + off, v);
       const W u = M::numerator(g, m, s) / S::denominator(v, s);
       if constexpr (C::active) acc.add(u * u);
-      else update_param(t, off, u, rng);
+      else update_param(x, off, vmath::splat<W>(s.lr) * u, rng);
     });
     if constexpr (C::active) t.unit_sum[unit.block] = static_cast<double>(acc.total());
   }
 
   static void elementwise_apply(const TensorTask& t, const Unit& unit) {
-    const StepScalars& s = t.scalars;
+    const Ctx x(t);
     const index_t base = unit.matrix * t.geom.matrix_size();
-    const float div = t.matrices[unit.matrix].divisor;
-    RandomStream rng(t.key);
+    // lr * u / divisor, with lr / divisor formed once
+    const float lr_eff = C::active ? x.s.lr / t.matrices[unit.matrix].divisor : x.s.lr;
+    Rng rng(t.key);
     for_lanes<V>(base + unit.begin, base + unit.end, [&]<class W>(index_t off) {
-      W u = numerator_at<W>(t, off) / S::denominator(load_as<W>(t.v + off), s);
-      if constexpr (C::active) u = u / vmath::splat<W>(div);
-      update_param(t, off, u, rng);
+      const W u = numerator_at<W>(x, off) / S::denominator(load_as<W>(x.v + off), x.s);
+      update_param(x, off, u * vmath::splat<W>(lr_eff), rng);
     });
   }
 
   // ---------------------------------------------------------- factored rule
-  /// D_j += n_ij^2 / R_i over one row.
-  static void accumulate_d(const TensorTask& t, index_t off, float inv_r, float* d) {
-    for_lanes<V>(0, t.geom.cols, [&]<class W>(index_t j) {
-      const W n = numerator_at<W>(t, off + j);
+  /// Rows the statistics pass reads together: K streams from memory keep
+  /// the hardware prefetchers busy, and colsum / D are loaded and stored once
+  /// per K rows. With momentum each row is two streams (g and m).
+  static constexpr int group_rows = M::has_state ? 4 : 8;
+
+  /// Sweep 1 over K rows starting at `off`: row sums of g^2 into sums[k],
+  /// colsum_j += g_kj^2 in row order, momentum update.
+  template <int K>
+  static SKEWADAM_ALWAYS_INLINE void group_sums(const Ctx& x, index_t off, float* colsum, float* sums) {
+    const index_t c = x.cols;
+    Accumulator<V> acc[K];
+    for_lanes<V>(0, c, [&]<class W>(index_t j) {
+      W cs = load_as<W>(colsum + j);
+      for (int k = 0; k < K; ++k) {
+        const index_t o = off + k * c + j;
+        const W g = grad_at<W>(x, o);
+        const W g2 = g * g;
+        acc[k].add(g2);
+        cs = cs + g2;
+        if constexpr (M::has_state) store_f32(x.m + o, M::update(load_as<W>(x.m + o), g, x.s));
+      }
+      store_f32(colsum + j, cs);
+    });
+    for (int k = 0; k < K; ++k) sums[k] = acc[k].total();
+  }
+
+  /// Sweep 2 over the same K rows (now in cache): D_j += n_kj^2 * inv_r[k]
+  /// in row order (inv_r[k] = 0 for a row with R = 0, whose terms are 0).
+  template <int K>
+  static SKEWADAM_ALWAYS_INLINE void group_d(const Ctx& x, index_t off, const float* inv_r, float* d) {
+    const index_t c = x.cols;
+    for_lanes<V>(0, c, [&]<class W>(index_t j) {
+      W dj = load_as<W>(d + j);
+      for (int k = 0; k < K; ++k) {
+        const W n = numerator_at<W>(x, off + k * c + j);
+        dj = dj + n * n * vmath::splat<W>(inv_r[k]);
+      }
+      store_f32(d + j, dj);
+    });
+  }
+
+  /// K rows of the statistics pass, the first at row i of matrix b.
+  template <int K>
+  static SKEWADAM_ALWAYS_INLINE void statistics_group(const TensorTask& t, const Ctx& x, index_t b, index_t i,
+                                                      float* colsum, float* d) {
+    const index_t off = (b * x.rows + i) * x.cols;
+    const float fc = static_cast<float>(x.cols);
+    float sums[K];
+    float inv_r[K];
+    group_sums<K>(x, off, colsum, sums);
+    float* rs = t.v_row + b * x.rows + i;
+    for (int k = 0; k < K; ++k) {
+      rs[k] = S::update_statistic(rs[k], sums[k] / fc, x.s);
+      inv_r[k] = rs[k] > 0.0f ? 1.0f / rs[k] : 0.0f;
+    }
+    if constexpr (C::active) group_d<K>(x, off, inv_r, d);
+  }
+
+  /// D_j += n_ij^2 * inv_r over the row at `off`.
+  static SKEWADAM_ALWAYS_INLINE void accumulate_d(const Ctx& x, index_t off, float inv_r, float* d) {
+    for_lanes<V>(0, x.cols, [&]<class W>(index_t j) {
+      const W n = numerator_at<W>(x, off + j);
       store_f32(d + j, load_as<W>(d + j) + n * n * vmath::splat<W>(inv_r));
     });
   }
 
-  /// sum_j u_ij^2 of one row, exactly as apply() computes u (before clipping).
-  static double row_sum_u2(const TensorTask& t, index_t b, index_t i, float vbar) {
-    const StepScalars& s = t.scalars;
-    const index_t c = t.geom.cols;
-    const index_t off = (b * t.geom.rows + i) * c;
-    const float row = S::row_factor(t.v_row[b * t.geom.rows + i], vbar, s);
+  /// 1 / col_j of matrix b into w[0, c).
+  static SKEWADAM_ALWAYS_INLINE void inverse_col_factors(const TensorTask& t, const Ctx& x, index_t b, float* w) {
+    const float* cs = t.v_col + b * x.cols;
+    for_lanes<V>(0, x.cols, [&]<class W>(index_t j) {
+      store_f32(w + j, vmath::splat<W>(1.0f) / S::col_factor(load_as<W>(cs + j), x.s));
+    });
+  }
+
+  /// sum_j u_ij^2 of one row, u formed as apply() forms it (before clipping):
+  /// n_ij * ((1 / row_i) * (1 / col_j)), `w` holding 1 / col_j.
+  static double row_sum_u2(const TensorTask& t, const Ctx& x, index_t b, index_t i, float vbar, const float* w) {
+    const index_t off = (b * x.rows + i) * x.cols;
+    const float inv_row = 1.0f / S::row_factor(t.v_row[b * x.rows + i], vbar, x.s);
     Accumulator<V> acc;
-    for_lanes<V>(0, c, [&]<class W>(index_t j) {
-      const W col = S::col_factor(load_as<W>(t.v_col + b * c + j), s);
-      const W u = numerator_at<W>(t, off + j) / S::denominator(vmath::splat<W>(row), col);
+    for_lanes<V>(0, x.cols, [&]<class W>(index_t j) {
+      const W u = numerator_at<W>(x, off + j) * (vmath::splat<W>(inv_row) * load_as<W>(w + j));
       acc.add(u * u);
     });
     return static_cast<double>(acc.total());
   }
 
   /// Statistics of rows [r0, r1) of matrix b: R_i (final), column sums of g^2
-  /// into colsum, the momentum update, and D_j into d when clipping.
+  /// into colsum, the momentum update, and D_j into d when clipping. Every
+  /// sum is formed in row order, so the grouping does not change the result.
   static void factored_rows(const TensorTask& t, index_t b, index_t r0, index_t r1, float* colsum, float* d) {
-    const StepScalars& s = t.scalars;
-    const index_t r = t.geom.rows;
-    const index_t c = t.geom.cols;
-    const float fc = static_cast<float>(c);
-    for (index_t i = r0; i < r1; ++i) {
-      const index_t off = (b * r + i) * c;
-      Accumulator<V> acc;
-      for_lanes<V>(0, c, [&]<class W>(index_t j) {
-        const W g = grad_at<W>(t, off + j);
-        const W g2 = g * g;
-        acc.add(g2);
-        store_f32(colsum + j, load_as<W>(colsum + j) + g2);
-        if constexpr (M::has_state) store_f32(t.m + off + j, M::update(load_as<W>(t.m + off + j), g, s));
-      });
-      float& ri = t.v_row[b * r + i];
-      ri = S::update_statistic(ri, acc.total() / fc, s);
-      if constexpr (C::active) {
-        if (ri > 0.0f) accumulate_d(t, off, 1.0f / ri, d);
-      }
-    }
+    const Ctx x(t);
+    index_t i = r0;
+    for (; i + group_rows <= r1; i += group_rows) statistics_group<group_rows>(t, x, b, i, colsum, d);
+    for (; i < r1; ++i) statistics_group<1>(t, x, b, i, colsum, d);
   }
 
   /// Finishes matrix b from nb row-block partials (colsum[k*c..], d[k*c..]):
-  /// C_j, vbar, and sum(u^2) with floored rows handled exactly.
-  static void finalize_matrix(const TensorTask& t, index_t b, float* colsum, float* d, index_t nb) {
-    const StepScalars& s = t.scalars;
-    const index_t r = t.geom.rows;
-    const index_t c = t.geom.cols;
+  /// C_j, vbar, and sum(u^2) with floored rows handled exactly. `w` is room
+  /// for c floats.
+  static void finalize_matrix(const TensorTask& t, index_t b, float* colsum, float* d, index_t nb, float* w) {
+    const Ctx x(t);
+    const StepScalars& s = x.s;
+    const index_t r = x.rows;
+    const index_t c = x.cols;
     const float fr = static_cast<float>(r);
     for (index_t k = 1; k < nb; ++k)
       for (index_t j = 0; j < c; ++j) colsum[j] += colsum[k * c + j];
@@ -185,18 +273,23 @@ struct Kernels {
     ms.vbar = vbar;
     if constexpr (C::active) {
       double floored_sum = 0;
+      bool inverted = false;
       for (index_t k = 0; k < nb; ++k) {
         const index_t i0 = r * k / nb;
         const index_t i1 = r * (k + 1) / nb;
         bool any = false;
         for (index_t i = i0; i < i1 && !any; ++i) any = rs[i] > 0.0f && S::row_floored(rs[i], vbar, s);
         if (!any) continue;
+        if (!inverted) {
+          inverse_col_factors(t, x, b, w);
+          inverted = true;
+        }
         float* dk = d + k * c;
         std::fill(dk, dk + c, 0.0f);
         for (index_t i = i0; i < i1; ++i) {
           if (!(rs[i] > 0.0f)) continue;
-          if (S::row_floored(rs[i], vbar, s)) floored_sum += row_sum_u2(t, b, i, vbar);
-          else accumulate_d(t, (b * r + i) * c, 1.0f / rs[i], dk);
+          if (S::row_floored(rs[i], vbar, s)) floored_sum += row_sum_u2(t, x, b, i, vbar, w);
+          else accumulate_d(x, (b * r + i) * c, 1.0f / rs[i], dk);
         }
       }
       double sum = 0;
@@ -210,22 +303,24 @@ struct Kernels {
     }
   }
 
-  static void factored_apply(const TensorTask& t, const Unit& unit) {
-    const StepScalars& s = t.scalars;
+  /// p <- round(p * decay - n_ij * (a_i * w_j)), w_j = 1 / col_j and
+  /// a_i = lr / (row_i * divisor) (see the file comment).
+  static void factored_apply(const TensorTask& t, const Unit& unit, float* w) {
+    const Ctx x(t);
     const index_t b = unit.matrix;
-    const index_t r = t.geom.rows;
-    const index_t c = t.geom.cols;
+    const index_t c = x.cols;
     const MatrixScratch& ms = t.matrices[b];
-    const float* cs = t.v_col + b * c;
-    RandomStream rng(t.key);
+    const float div = C::active ? ms.divisor : 1.0f;
+    const float vbar = ms.vbar;
+    const float* rs = t.v_row + b * x.rows;
+    inverse_col_factors(t, x, b, w);
+    Rng rng(t.key);
     for (index_t i = unit.begin; i < unit.end; ++i) {
-      const index_t off = (b * r + i) * c;
-      const float row = S::row_factor(t.v_row[b * r + i], ms.vbar, s);
+      const index_t off = (b * x.rows + i) * c;
+      const float a = x.s.lr / (S::row_factor(rs[i], vbar, x.s) * div);
       for_lanes<V>(0, c, [&]<class W>(index_t j) {
-        const W col = S::col_factor(load_as<W>(cs + j), s);
-        W u = numerator_at<W>(t, off + j) / S::denominator(vmath::splat<W>(row), col);
-        if constexpr (C::active) u = u / vmath::splat<W>(ms.divisor);
-        update_param(t, off + j, u, rng);
+        const W n = numerator_at<W>(x, off + j);
+        update_param(x, off + j, n * (vmath::splat<W>(a) * load_as<W>(w + j)), rng);
       });
     }
   }
@@ -245,7 +340,7 @@ struct Kernels {
         float* d = scratch + c;
         std::fill(col, col + 2 * c, 0.0f);
         factored_rows(t, unit.matrix, 0, t.geom.rows, col, d);
-        finalize_matrix(t, unit.matrix, col, d, 1);
+        finalize_matrix(t, unit.matrix, col, d, 1, scratch + 2 * c);
       }
     } else {
       (void)scratch;
@@ -253,17 +348,20 @@ struct Kernels {
     }
   }
 
-  static void finalize(const TensorTask& t) {
+  static void finalize(const TensorTask& t, float* scratch) {
     const MatrixGeometry& g = t.geom;
     if constexpr (S::factored) {
-      if (t.row_blocks > 1) finalize_matrix(t, 0, t.col_partial, t.d_partial, t.row_blocks);
+      if (t.row_blocks > 1) finalize_matrix(t, 0, t.col_partial, t.d_partial, t.row_blocks, scratch);
     } else if constexpr (C::active) {
+      (void)scratch;
       const index_t nc = t.chunks_per_matrix;
       for (index_t b = 0; b < g.batch; ++b) {
         double sum = 0;
         for (index_t k = 0; k < nc; ++k) sum += t.unit_sum[b * nc + k];
         t.matrices[b].sum_u2 = sum;
       }
+    } else {
+      (void)scratch;
     }
     if constexpr (C::active) {
       if (t.scope == ClipScope::tensor) {
@@ -278,8 +376,8 @@ struct Kernels {
     }
   }
 
-  static void apply(const TensorTask& t, const Unit& unit) {
-    if constexpr (S::factored) factored_apply(t, unit);
+  static void apply(const TensorTask& t, const Unit& unit, float* scratch) {
+    if constexpr (S::factored) factored_apply(t, unit, scratch);
     else elementwise_apply(t, unit);
   }
 };

@@ -13,6 +13,10 @@
 #include "../../dtype.hpp"
 #include "../../random.hpp"
 #include "../../vmath.hpp"
+#include "../../policies/nearest_rounding.hpp"
+#include "../../policies/stochastic_rounding.hpp"
+#include "random_lanes.hpp"
+#include "x86_lanes.hpp"
 
 namespace skewadam {
 
@@ -65,7 +69,8 @@ inline constexpr index_t width_v = 1;
 template <class A>
 inline constexpr index_t width_v<xsimd::batch<float, A>> = static_cast<index_t>(xsimd::batch<float, A>::size);
 
-/// Loads width_v<V> elements of any dtype as fp32.
+/// Loads width_v<V> elements of any dtype as fp32. 16-bit types are widened
+/// in registers where the architecture has lane primitives (x86_lanes.hpp).
 template <class V, class T>
 SKEWADAM_ALWAYS_INLINE V load_as(const T* p) {
   if constexpr (std::is_same_v<V, float>) {
@@ -73,9 +78,16 @@ SKEWADAM_ALWAYS_INLINE V load_as(const T* p) {
   } else if constexpr (std::is_same_v<T, float>) {
     return V::load_unaligned(p);
   } else {
-    alignas(64) float buf[width_v<V>];
-    for (index_t k = 0; k < width_v<V>; ++k) buf[k] = to_float(p[k]);
-    return V::load_aligned(buf);
+    using Ops = LaneOps<typename V::arch_type>;
+    if constexpr (std::is_same_v<T, bf16> && Ops::native) {
+      return Ops::widen_bf16(reinterpret_cast<const std::uint16_t*>(p));
+    } else if constexpr (std::is_same_v<T, f16> && Ops::native_f16) {
+      return Ops::widen_f16(reinterpret_cast<const std::uint16_t*>(p));
+    } else {
+      alignas(64) float buf[width_v<V>];
+      for (index_t k = 0; k < width_v<V>; ++k) buf[k] = to_float(p[k]);
+      return V::load_aligned(buf);
+    }
   }
 }
 
@@ -100,18 +112,57 @@ SKEWADAM_ALWAYS_INLINE float reduce_add(const V& v) {
   }
 }
 
+/// bf16 bits of fp32 lanes, rounded as `Rounding` rounds (`words`: the
+/// lanes' random bits). The two rounding policies of the library are written
+/// out on integer lanes, bit for bit their scalar definitions
+/// (policies/stochastic_rounding.hpp, Eigen's round-to-nearest-even):
+///   stochastic: (b + (bits >> 16)) >> 16; NaN and infinities as nearest
+///   nearest:    (b + 0x7fff + ((b >> 16) & 1)) >> 16
+///   NaN:        0x7fc0 with the sign of x (what Eigen's conversion stores)
+template <class Rounding, class U, class F>
+SKEWADAM_ALWAYS_INLINE U bf16_lanes(const F& x, const std::uint32_t* words) {
+  const U b = xsimd::bitwise_cast<U>(x);
+  U r;
+  if constexpr (std::is_same_v<Rounding, StochasticRounding>) {
+    r = (b + (U::load_unaligned(words) >> 16)) >> 16;
+  } else {
+    (void)words;
+    r = (b + U(0x7fffu) + ((b >> 16) & U(1u))) >> 16;
+  }
+  const U exp_mask(0x7f800000u);
+  const auto nonfinite = (b & exp_mask) == exp_mask;
+  if (xsimd::any(nonfinite)) [[unlikely]] {
+    const U hi = b >> 16;
+    const auto nan = nonfinite & ((b & U(0x007fffffu)) != U(0u));
+    r = xsimd::select(nonfinite, hi, r);
+    r = xsimd::select(nan, (hi & U(0x8000u)) | U(0x7fc0u), r);
+  }
+  return r;
+}
+
 /// Stores new parameter values with the rule's rounding policy. `element` is
 /// the index of the first lane in the tensor (it keys the random bits).
-template <class Rounding, class P, class V>
-SKEWADAM_ALWAYS_INLINE void store_param(P* p, const V& v, index_t element, RandomStream& rng) {
+/// bf16 with the library's rounding policies is rounded on integer lanes;
+/// any other policy or type goes through the policy's scalar store().
+template <class Rounding, class P, class V, class Rng>
+SKEWADAM_ALWAYS_INLINE void store_param(P* p, const V& v, index_t element, Rng& rng) {
   if constexpr (std::is_same_v<P, float>) {
     store_f32(p, v);
+  } else if constexpr (std::is_same_v<V, float>) {
+    const std::uint32_t bits = Rounding::uses_random_bits ? rng(element) : 0u;
+    *p = Rounding::template store<P>(v, bits);
   } else {
-    alignas(64) float buf[width_v<V>];
-    store_f32(buf, v);
-    for (index_t k = 0; k < width_v<V>; ++k) {
-      const std::uint32_t bits = Rounding::uses_random_bits ? rng(element + k) : 0u;
-      p[k] = Rounding::template store<P>(buf[k], bits);
+    using A = typename V::arch_type;
+    using U = xsimd::batch<std::uint32_t, A>;
+    constexpr bool known = std::is_same_v<Rounding, StochasticRounding> || std::is_same_v<Rounding, NearestRounding>;
+    const std::uint32_t* words = nullptr;
+    if constexpr (Rounding::uses_random_bits) words = rng.at(element, width_v<V>);
+    if constexpr (std::is_same_v<P, bf16> && known && LaneOps<A>::native) {
+      LaneOps<A>::narrow_store(reinterpret_cast<std::uint16_t*>(p), bf16_lanes<Rounding, U>(v, words));
+    } else {
+      alignas(64) float buf[width_v<V>];
+      v.store_aligned(buf);
+      for (index_t k = 0; k < width_v<V>; ++k) p[k] = Rounding::template store<P>(buf[k], words ? words[k] : 0u);
     }
   }
 }

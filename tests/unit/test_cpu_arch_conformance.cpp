@@ -1,0 +1,66 @@
+// Every golden conformance case through every code path of the CPU backend:
+// the scalar fallback (CpuBackend<ScalarArch>) and each SIMD architecture
+// this translation unit is compiled for, at 1 and 2 threads.
+//
+// The cases are read at run time from SKEWADAM_GOLDEN_DIR (a compile
+// definition; the environment variable of the same name is the fallback).
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <skewadam/skewadam.hpp>
+#include <skewadam_tools/golden_case.hpp>
+
+#include "cpu_archs.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path golden_dir() {
+#if defined(SKEWADAM_GOLDEN_DIR)
+  if (fs::is_directory(SKEWADAM_GOLDEN_DIR)) return SKEWADAM_GOLDEN_DIR;
+#endif
+  if (const char* env = std::getenv("SKEWADAM_GOLDEN_DIR")) return env;
+  return {};
+}
+
+std::vector<fs::path> golden_cases() {
+  std::vector<fs::path> out;
+  const fs::path dir = golden_dir();
+  if (dir.empty() || !fs::is_directory(dir)) return out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_directory() && fs::exists(e.path() / "case.json")) out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("golden cases pass on every CPU code path", Arch, golden_every_arch) {
+  using Backend = skewadam::backend::CpuBackend<Arch>;
+  const auto cases = golden_cases();
+  INFO("golden folder: ", golden_dir().string(), " (SKEWADAM_GOLDEN_DIR)");
+  REQUIRE_MESSAGE(!cases.empty(), "no golden cases found");
+  for (const fs::path& dir : cases) {
+    const auto c = skewadam::tools::load_golden_case(dir);
+    for (int threads : {1, 2}) {
+      CAPTURE(Backend::arch_name());
+      CAPTURE(c.name);
+      CAPTURE(threads);
+      const auto run = skewadam::tools::run_golden_case<Backend>(c, threads);
+      for (const auto& check : skewadam::tools::check_golden_case(c, run)) {
+        CAPTURE(check.array);
+        CAPTURE(check.worst);
+        CHECK(check.problem.empty());
+        CHECK(check.ok);
+      }
+    }
+  }
+}
+TEST_CASE_TEMPLATE_APPLY(golden_every_arch, skewadam::test::CpuArchs);

@@ -1,0 +1,102 @@
+// step() allocates nothing proportional to tensor size: scratch is
+// O(rows + cols) per tensor and is allocated when the tensor is registered.
+// Checked with a counting global operator new (this file replaces it for the
+// whole test executable; it only counts while a test switches it on).
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#include <skewadam/skewadam.hpp>
+
+namespace {
+
+std::atomic<bool> counting{false};
+std::atomic<std::size_t> allocations{0};
+std::atomic<std::size_t> allocated_bytes{0};
+std::atomic<std::size_t> largest{0};
+
+void count(std::size_t n) noexcept {
+  if (!counting.load(std::memory_order_relaxed)) return;
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  allocated_bytes.fetch_add(n, std::memory_order_relaxed);
+  std::size_t prev = largest.load(std::memory_order_relaxed);
+  while (n > prev && !largest.compare_exchange_weak(prev, n, std::memory_order_relaxed)) {
+  }
+}
+
+void* allocate(std::size_t n, std::size_t align) {
+  count(n);
+  void* p = nullptr;
+  if (align <= alignof(std::max_align_t)) p = std::malloc(n ? n : 1);
+  else p = std::aligned_alloc(align, (n + align - 1) / align * align);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+
+struct Counted {
+  std::size_t allocations = 0, bytes = 0, largest = 0;
+};
+
+template <class F>
+Counted count_allocations(F&& f) {
+  allocations = 0;
+  allocated_bytes = 0;
+  largest = 0;
+  counting = true;
+  f();
+  counting = false;
+  return {allocations.load(), allocated_bytes.load(), largest.load()};
+}
+
+}  // namespace
+
+void* operator new(std::size_t n) { return allocate(n, alignof(std::max_align_t)); }
+void* operator new[](std::size_t n) { return allocate(n, alignof(std::max_align_t)); }
+void* operator new(std::size_t n, std::align_val_t a) { return allocate(n, static_cast<std::size_t>(a)); }
+void* operator new[](std::size_t n, std::align_val_t a) { return allocate(n, static_cast<std::size_t>(a)); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+TEST_CASE("step() allocates nothing proportional to tensor size") {
+  using namespace skewadam;
+  // ~25 MB of parameters over every tier and dtype, each tensor far larger
+  // than the bound below.
+  const Shape big{2048, 2048}, bank{4, 512, 640}, mat{1024, 1024}, router{256, 1024}, vec{1 << 18};
+  std::vector<float> p1(big.numel()), g1(big.numel(), 1e-3f), p4(router.numel()), g4(router.numel(), 2e-3f);
+  std::vector<bf16> p2(bank.numel()), g2(bank.numel(), bf16(1e-3f)), p3(mat.numel()), p5(vec.numel());
+  std::vector<float> g3(mat.numel(), 1e-3f), g5(vec.numel(), 1e-3f);
+  for (auto threads : {1, 2}) {
+    CAPTURE(threads);
+    SkewAdam opt(Hyperparameters{.lr = 1e-3, .weight_decay = 0.05}, OptimizerOptions{.threads = threads});
+    opt.add("experts.big", Tier::experts, TensorView<float>(p1.data(), big), TensorView<const float>(g1.data(), big));
+    opt.add("experts.bank", Tier::experts, TensorView<bf16>(p2.data(), bank), TensorView<const bf16>(g2.data(), bank));
+    opt.add("backbone.w", Tier::backbone, TensorView<bf16>(p3.data(), mat), TensorView<const float>(g3.data(), mat));
+    opt.add("router", Tier::router, TensorView<float>(p4.data(), router), TensorView<const float>(g4.data(), router));
+    opt.add("backbone.norm", Tier::backbone, TensorView<bf16>(p5.data(), vec), TensorView<const float>(g5.data(), vec));
+    const std::size_t smallest_tensor_bytes = 2 * static_cast<std::size_t>(router.numel());
+    for (int step = 0; step < 3; ++step) {
+      CAPTURE(step);
+      const Counted c = count_allocations([&] { opt.step(); });
+      CAPTURE(c.allocations);
+      CAPTURE(c.bytes);
+      CAPTURE(c.largest);
+      // Per-step bookkeeping grows with the number of tensors and work units
+      // (a few kB here), never with their size.
+      CHECK(c.largest < 64 * 1024);
+      CHECK(c.bytes < 256 * 1024);
+      CHECK(c.largest * 8 < smallest_tensor_bytes);
+      if (step > 0) CHECK(c.allocations == 0);  // the lists are reused
+    }
+  }
+}
