@@ -1,0 +1,265 @@
+#pragma once
+// A small decoder-only Mixture-of-Experts language model in LibTorch.
+//
+//   tokens -> token embedding + learned position embedding
+//   blocks: pre-LayerNorm causal self-attention, then a feed-forward layer:
+//           a dense SwiGLU in even blocks, a Mixture of SwiGLU experts with a
+//           top-k router and a load-balancing loss in odd blocks
+//   final LayerNorm -> LM head tied to the token embedding
+//
+// Parameter names follow the usual MoE checkpoints, so that skewadam's
+// default tier rules apply unchanged:
+//   blocks.1.moe.router.weight                 [E, d]         -> router
+//   blocks.1.moe.experts.gate_proj             [E, d, ff]     -> experts (stacked bank)
+//   blocks.1.moe.experts.up_proj               [E, d, ff]     -> experts
+//   blocks.1.moe.experts.down_proj             [E, ff, d]     -> experts
+//   blocks.0.ffn.gate_proj.weight              [ff, d]        -> backbone (a dense FFN's gate_proj)
+//   tok_emb.weight, pos_emb.weight, blocks.*.attn.*, *.ln*.*  -> backbone
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace moe_lm {
+
+struct ModelConfig {
+  std::int64_t vocab = 256;      ///< byte-level tokens
+  std::int64_t d_model = 128;
+  std::int64_t heads = 4;
+  std::int64_t context = 128;    ///< longest sequence (learned positions)
+  std::int64_t layers = 2;       ///< blocks; odd ones are MoE
+  std::int64_t dense_ff = 384;   ///< hidden width of the dense SwiGLU
+  std::int64_t experts = 16;     ///< experts per MoE layer
+  std::int64_t expert_ff = 256;  ///< hidden width of each expert
+  std::int64_t top_k = 2;
+
+  void validate() const {
+    auto positive = [](std::int64_t v, const char* what) {
+      if (v <= 0) throw std::invalid_argument(std::string("ModelConfig.") + what + " must be > 0");
+    };
+    positive(vocab, "vocab");
+    positive(d_model, "d_model");
+    positive(heads, "heads");
+    positive(context, "context");
+    positive(layers, "layers");
+    positive(dense_ff, "dense_ff");
+    positive(experts, "experts");
+    positive(expert_ff, "expert_ff");
+    positive(top_k, "top_k");
+    if (d_model % heads != 0) throw std::invalid_argument("ModelConfig.d_model must be a multiple of heads");
+    if (top_k > experts) throw std::invalid_argument("ModelConfig.top_k must not exceed experts");
+  }
+};
+
+inline constexpr double init_std = 0.02;
+
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  CausalSelfAttentionImpl(const ModelConfig& c, double out_std)
+      : heads_(c.heads),
+        qkv(register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, 3 * c.d_model).bias(false)))),
+        out(register_module("out", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, c.d_model).bias(false)))) {
+    torch::NoGradGuard no_grad;
+    qkv->weight.normal_(0.0, init_std);
+    out->weight.normal_(0.0, out_std);
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    const auto b = x.size(0), t = x.size(1), d = x.size(2), hd = d / heads_;
+    auto parts = qkv->forward(x).view({b, t, 3, heads_, hd}).permute({2, 0, 3, 1, 4});  // [3, B, H, T, hd]
+    const torch::Tensor q = parts[0], k = parts[1], v = parts[2];
+    auto scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
+    const auto future = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
+    scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+    auto y = torch::matmul(torch::softmax(scores, -1), v);  // [B, H, T, hd]
+    return out->forward(y.transpose(1, 2).reshape({b, t, d}));
+  }
+
+ private:
+  std::int64_t heads_;
+
+ public:
+  torch::nn::Linear qkv, out;
+};
+TORCH_MODULE(CausalSelfAttention);
+
+/// Dense SwiGLU feed-forward: down(silu(gate(x)) * up(x)).
+class SwiGLUImpl : public torch::nn::Module {
+ public:
+  SwiGLUImpl(std::int64_t d, std::int64_t ff, double out_std)
+      : gate_proj(register_module("gate_proj", torch::nn::Linear(torch::nn::LinearOptions(d, ff).bias(false)))),
+        up_proj(register_module("up_proj", torch::nn::Linear(torch::nn::LinearOptions(d, ff).bias(false)))),
+        down_proj(register_module("down_proj", torch::nn::Linear(torch::nn::LinearOptions(ff, d).bias(false)))) {
+    torch::NoGradGuard no_grad;
+    gate_proj->weight.normal_(0.0, init_std);
+    up_proj->weight.normal_(0.0, init_std);
+    down_proj->weight.normal_(0.0, out_std);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+  }
+  torch::nn::Linear gate_proj, up_proj, down_proj;
+};
+TORCH_MODULE(SwiGLU);
+
+/// The experts of one MoE layer as stacked banks [E, rows, cols].
+class ExpertBankImpl : public torch::nn::Module {
+ public:
+  ExpertBankImpl(std::int64_t experts, std::int64_t d, std::int64_t ff, double out_std) {
+    gate_proj = register_parameter("gate_proj", torch::empty({experts, d, ff}).normal_(0.0, init_std));
+    up_proj = register_parameter("up_proj", torch::empty({experts, d, ff}).normal_(0.0, init_std));
+    down_proj = register_parameter("down_proj", torch::empty({experts, ff, d}).normal_(0.0, out_std));
+  }
+  /// SwiGLU of expert e on the rows of x ([n, d]).
+  torch::Tensor forward(std::int64_t e, const torch::Tensor& x) {
+    return torch::matmul(torch::silu(torch::matmul(x, gate_proj[e])) * torch::matmul(x, up_proj[e]), down_proj[e]);
+  }
+  torch::Tensor gate_proj, up_proj, down_proj;
+};
+TORCH_MODULE(ExpertBank);
+
+struct MoEOutput {
+  torch::Tensor y;             ///< [N, d]
+  torch::Tensor balance_loss;  ///< scalar; 1 when perfectly balanced
+  std::vector<std::int64_t> counts;  ///< tokens routed to each expert (top-k assignments)
+};
+
+/// Mixture of SwiGLU experts with a top-k softmax router. Each token goes to
+/// its k most probable experts; their outputs are mixed with the renormalised
+/// router probabilities. Load-balancing loss (Switch Transformer):
+/// E * sum_e f_e * P_e, f_e = share of assignments to e, P_e = mean probability.
+class MoEImpl : public torch::nn::Module {
+ public:
+  MoEImpl(const ModelConfig& c, double out_std)
+      : experts_(c.experts),
+        top_k_(c.top_k),
+        router(register_module("router", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, c.experts).bias(false)))),
+        experts(register_module("experts", ExpertBank(c.experts, c.d_model, c.expert_ff, out_std))) {
+    torch::NoGradGuard no_grad;
+    router->weight.normal_(0.0, init_std);
+  }
+
+  MoEOutput forward(const torch::Tensor& x) {  // x: [N, d]
+    const auto n = x.size(0);
+    const auto probs = torch::softmax(router->forward(x), -1);  // [N, E]
+    auto [top_p, top_i] = probs.topk(top_k_, -1);                 // [N, k]
+    const auto weights = top_p / top_p.sum(-1, true);
+    const auto flat_expert = top_i.reshape({-1});
+    const auto flat_token = torch::arange(n, torch::kLong).repeat_interleave(top_k_);
+    const auto flat_weight = weights.reshape({-1});
+    const auto order = flat_expert.argsort();
+    const auto counts_t = torch::bincount(flat_expert, {}, experts_);
+
+    MoEOutput out;
+    out.counts.assign(counts_t.data_ptr<std::int64_t>(), counts_t.data_ptr<std::int64_t>() + experts_);
+    std::vector<torch::Tensor> tokens, outputs;
+    std::int64_t start = 0;
+    for (std::int64_t e = 0; e < experts_; ++e) {
+      const std::int64_t count = out.counts[static_cast<std::size_t>(e)];
+      if (count == 0) continue;
+      const auto slots = order.narrow(0, start, count);
+      start += count;
+      const auto token = flat_token.index_select(0, slots);
+      const auto ye = experts->forward(e, x.index_select(0, token)) * flat_weight.index_select(0, slots).unsqueeze(1);
+      tokens.push_back(token);
+      outputs.push_back(ye);
+    }
+    out.y = torch::zeros_like(x).index_add(0, torch::cat(tokens), torch::cat(outputs));
+    const auto share = counts_t.to(torch::kFloat) / static_cast<double>(n * top_k_);
+    out.balance_loss = static_cast<double>(experts_) * (share * probs.mean(0)).sum();
+    return out;
+  }
+
+ private:
+  std::int64_t experts_, top_k_;
+
+ public:
+  torch::nn::Linear router;
+  ExpertBank experts;
+};
+TORCH_MODULE(MoE);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  BlockImpl(const ModelConfig& c, bool moe_block) {
+    const double out_std = init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
+    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
+    attn = register_module("attn", CausalSelfAttention(c, out_std));
+    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
+    if (moe_block) moe = register_module("moe", MoE(c, out_std));
+    else ffn = register_module("ffn", SwiGLU(c.d_model, c.dense_ff, out_std));
+  }
+
+  /// Returns the block's output; adds its balance loss to `balance` (MoE blocks).
+  torch::Tensor forward(const torch::Tensor& x, torch::Tensor& balance) {
+    auto h = x + attn->forward(ln1->forward(x));
+    const auto z = ln2->forward(h);
+    if (!moe) return h + ffn->forward(z);
+    const auto shape = z.sizes().vec();
+    MoEOutput m = moe->forward(z.reshape({-1, shape.back()}));
+    balance = balance.defined() ? balance + m.balance_loss : m.balance_loss;
+    return h + m.y.view(shape);
+  }
+
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  CausalSelfAttention attn{nullptr};
+  SwiGLU ffn{nullptr};
+  MoE moe{nullptr};
+};
+TORCH_MODULE(Block);
+
+struct LMOutput {
+  torch::Tensor logits;        ///< [B, T, V]
+  torch::Tensor balance_loss;  ///< mean over MoE layers (scalar)
+};
+
+class MoELMImpl : public torch::nn::Module {
+ public:
+  explicit MoELMImpl(const ModelConfig& c) : config(c) {
+    c.validate();
+    tok_emb = register_module("tok_emb", torch::nn::Embedding(c.vocab, c.d_model));
+    pos_emb = register_module("pos_emb", torch::nn::Embedding(c.context, c.d_model));
+    blocks = register_module("blocks", torch::nn::ModuleList());
+    for (std::int64_t i = 0; i < c.layers; ++i) blocks->push_back(Block(c, i % 2 == 1));
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
+    torch::NoGradGuard no_grad;
+    tok_emb->weight.normal_(0.0, init_std);
+    pos_emb->weight.normal_(0.0, init_std);
+  }
+
+  LMOutput forward(const torch::Tensor& idx) {  // idx: [B, T] int64
+    const auto t = idx.size(1);
+    if (t > config.context) throw std::invalid_argument("sequence longer than the model's context");
+    auto h = tok_emb->forward(idx) + pos_emb->forward(torch::arange(t, torch::kLong));
+    torch::Tensor balance;
+    std::int64_t moe_layers = 0;
+    for (const auto& m : *blocks) {
+      auto& block = *m->as<BlockImpl>();
+      moe_layers += block.moe ? 1 : 0;
+      h = block.forward(h, balance);
+    }
+    h = ln_f->forward(h);
+    LMOutput out;
+    out.logits = torch::nn::functional::linear(h, tok_emb->weight);  // tied LM head
+    out.balance_loss = moe_layers > 0 ? balance / static_cast<double>(moe_layers) : torch::zeros({});
+    return out;
+  }
+
+  ModelConfig config;
+  torch::nn::Embedding tok_emb{nullptr}, pos_emb{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+};
+TORCH_MODULE(MoELM);
+
+/// Next-token cross-entropy of logits [B, T, V] against targets [B, T].
+inline torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+
+}  // namespace moe_lm

@@ -1,0 +1,736 @@
+#pragma once
+// SkewAdam as a torch::optim::Optimizer (LibTorch 1.13 and 2.x, CPU tensors).
+//
+//   #include <skewadam/torch/optimizer.hpp>
+//
+//   skewadam::libtorch::Options options;
+//   options.hyperparameters.backbone = {.lr = 3e-4, .weight_decay = 0.05};
+//   options.hyperparameters.experts = {.lr = 3e-4, .weight_decay = 0.05};
+//   options.hyperparameters.router = {.lr = 3e-4};
+//   options.max_grad_norm = 1.0;
+//   skewadam::libtorch::SkewAdam optimizer(model->named_parameters(), options);
+//   ...
+//   optimizer.zero_grad();
+//   loss.backward();
+//   optimizer.step();
+//
+// Tiers come from parameter names through ordered rules (tier_assignment.hpp):
+// `experts` -> experts; `router`, or a name component that is exactly `gate`
+// (the MoE layer's own gating projection, not an expert's `gate_proj`) ->
+// router; everything else -> backbone. Options::tier_rules overrides them;
+// with the defaults off, a name that matches no rule is an error.
+//
+// The optimizer holds one torch param group per tier, in the order backbone,
+// experts, router (a group may be empty). A group's options are that tier's
+// Hyperparameters, so torch learning-rate schedulers and code that edits
+// `param_groups()[i].options()` work as usual; they are read at every step.
+//
+// Parameters: contiguous CPU tensors of float32, bfloat16 or float16, whose
+// storage stays where it was when the optimizer was built (create the optimizer
+// after `model->to(...)`). The data is updated in place, exactly as
+// skewadam::Optimizer updates it. A parameter whose .grad() is undefined is
+// skipped that step: its state and step count do not change. A gradient may
+// be float32 or the parameter's dtype; a non-contiguous one is copied first.
+// A tensor registered under two names (tied weights) is updated once, under
+// its first name.
+//
+// state(): one ParamState per parameter, whose tensors view the optimizer's
+// own state (no copy). save()/load() write and read the complete state through
+// torch::serialize archives, by parameter name; load() checks every name,
+// tier, dtype and shape before it changes anything.
+//
+// This header is not part of <skewadam/skewadam.hpp>: it needs LibTorch.
+
+#include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/optim/optimizer.h>
+#include <torch/ordered_dict.h>
+#include <torch/serialize/archive.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "../hyperparameters.hpp"
+#include "../optimizer.hpp"
+#include "../param_state.hpp"
+#include "../shape.hpp"
+#include "../state_layout.hpp"
+#include "../tensor_view.hpp"
+#include "../tier.hpp"
+#include "../tier_assignment.hpp"
+#include "../tier_rules.hpp"
+
+namespace skewadam::libtorch {
+
+static_assert(sizeof(c10::BFloat16) == sizeof(bf16) && sizeof(c10::Half) == sizeof(f16),
+              "skewadam::libtorch: LibTorch's 16-bit types must have the layout of skewadam's");
+
+/// Version of the layout save() writes.
+inline constexpr std::int64_t archive_format_version = 1;
+
+/// What the optimizer is built with.
+struct Options {
+  /// Hyperparameters of each tier; they become the param groups' options.
+  PerTier<Hyperparameters> hyperparameters{};
+  /// Ordered name rules (defaults: experts, router/gate, backbone).
+  TierAssigner tier_rules{};
+  /// > 0: clip the global gradient norm to this before every step, as
+  /// torch::nn::utils::clip_grad_norm_ would, without writing the gradients.
+  double max_grad_norm = 0.0;
+  /// Stochastic-rounding seed of bf16/fp16 parameters.
+  std::uint64_t seed = 0x5eed5eedULL;
+  /// Threads of the optimizer step; 0: OpenMP's default.
+  int threads = 0;
+
+  /// Every tier with the same hyperparameters.
+  static Options uniform(const Hyperparameters& h) {
+    Options o;
+    o.hyperparameters = {h, h, h};
+    return o;
+  }
+};
+
+/// A param group's options: its tier and that tier's hyperparameters.
+class GroupOptions : public ::torch::optim::OptimizerCloneableOptions<GroupOptions> {
+ public:
+  GroupOptions() = default;
+  GroupOptions(Tier tier, const Hyperparameters& h) : tier_(tier), hyper_(h) {}
+
+  Tier tier() const noexcept { return tier_; }
+  const Hyperparameters& hyperparameters() const noexcept { return hyper_; }
+  Hyperparameters& hyperparameters() noexcept { return hyper_; }
+
+  double get_lr() const override { return hyper_.lr; }
+  void set_lr(const double lr) override { hyper_.lr = lr; }
+
+  void serialize(::torch::serialize::OutputArchive& archive) const override {
+    archive.write("tier", c10::IValue(static_cast<std::int64_t>(tier_index(tier_))));
+    archive.write("lr", c10::IValue(hyper_.lr));
+    archive.write("beta1", c10::IValue(hyper_.beta1));
+    archive.write("beta2", c10::IValue(hyper_.beta2));
+    archive.write("eps", c10::IValue(hyper_.eps));
+    archive.write("weight_decay", c10::IValue(hyper_.weight_decay));
+    archive.write("clip_threshold", c10::IValue(hyper_.clip_threshold));
+    archive.write("clip_scope", c10::IValue(static_cast<std::int64_t>(hyper_.clip_scope)));
+  }
+
+  void serialize(::torch::serialize::InputArchive& archive) override {
+    auto number = [&](const char* key) {
+      c10::IValue v;
+      archive.read(key, v);
+      if (!v.isDouble()) throw std::invalid_argument(std::string("archive: hyperparameter '") + key + "' is not a number");
+      return v.toDouble();
+    };
+    auto integer = [&](const char* key) {
+      c10::IValue v;
+      archive.read(key, v);
+      if (!v.isInt()) throw std::invalid_argument(std::string("archive: '") + key + "' is not an integer");
+      return v.toInt();
+    };
+    const std::int64_t t = integer("tier");
+    if (t < 0 || t >= tier_count) throw std::invalid_argument("archive: tier " + std::to_string(t) + " is out of range");
+    const std::int64_t scope = integer("clip_scope");
+    if (scope != 0 && scope != 1)
+      throw std::invalid_argument("archive: clip_scope " + std::to_string(scope) + " is out of range");
+    Hyperparameters h;
+    h.lr = number("lr");
+    h.beta1 = number("beta1");
+    h.beta2 = number("beta2");
+    h.eps = number("eps");
+    h.weight_decay = number("weight_decay");
+    h.clip_threshold = number("clip_threshold");
+    h.clip_scope = static_cast<ClipScope>(scope);
+    validate(h, std::string("archive.") + std::string(tier_name(static_cast<Tier>(t))));
+    tier_ = static_cast<Tier>(t);
+    hyper_ = h;
+  }
+
+ private:
+  Tier tier_ = Tier::backbone;
+  Hyperparameters hyper_{};
+};
+
+/// One parameter's state as seen through torch: tensors that view the
+/// optimizer's own fp32 state (undefined when the rule keeps none).
+///   m      first moment, the parameter's shape
+///   v      exact second moment, the parameter's shape
+///   v_row  factored second moment, [..., r]
+///   v_col  factored second moment, [..., c]
+/// Writing to them changes the optimizer's state; never resize them.
+class ParamState : public ::torch::optim::OptimizerCloneableParamState<ParamState> {
+ public:
+  std::string name;
+  Tier tier = Tier::backbone;
+  std::int64_t step = 0;  ///< updates received so far
+  at::Tensor m, v, v_row, v_col;
+
+  /// Bytes of state (SPEC section 2; the step counter is not counted).
+  std::int64_t bytes() const {
+    std::int64_t b = 0;
+    for (const at::Tensor* t : {&m, &v, &v_row, &v_col})
+      if (t->defined()) b += t->numel() * 4;
+    return b;
+  }
+
+  void serialize(::torch::serialize::OutputArchive& archive) const override {
+    archive.write("step", c10::IValue(step));
+    if (m.defined()) archive.write("m", m, true);
+    if (v.defined()) archive.write("v", v, true);
+    if (v_row.defined()) archive.write("v_row", v_row, true);
+    if (v_col.defined()) archive.write("v_col", v_col, true);
+  }
+  void serialize(::torch::serialize::InputArchive&) override {
+    throw std::logic_error("skewadam::libtorch::ParamState: read the state with Optimizer::load()");
+  }
+};
+
+namespace detail {
+
+/// The state map's key: a string in LibTorch 1.x (and 2.0/2.1), the
+/// TensorImpl's address from 2.2 on. Deduced from the map rather than from
+/// TORCH_VERSION, so every release compiles.
+using TorchStateMap =
+    std::remove_cv_t<std::remove_reference_t<decltype(std::declval<::torch::optim::Optimizer&>().state())>>;
+using TorchStateKey = typename TorchStateMap::key_type;
+
+template <class Key>
+Key state_key_of(const at::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream s;  // the format torch's own optimizers use for these keys
+    s << static_cast<const void*>(p.unsafeGetTensorImpl());
+    return s.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
+inline Dtype dtype_of_tensor(const at::Tensor& t, const std::string& who) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return Dtype::f32;
+    case at::kBFloat16: return Dtype::bf16;
+    case at::kHalf: return Dtype::f16;
+    default:
+      throw std::invalid_argument(who + ": dtype " + std::string(c10::toString(t.scalar_type())) +
+                                  " is not supported (float32, bfloat16 or float16)");
+  }
+}
+
+inline Shape shape_of_tensor(const at::Tensor& t, const std::string& who) {
+  const auto sizes = t.sizes();
+  if (sizes.empty()) return Shape({1}, who);  // a scalar is a one-element vector
+  if (static_cast<int>(sizes.size()) > max_rank)
+    throw std::invalid_argument(who + ": rank " + std::to_string(sizes.size()) + " is above the supported " +
+                                std::to_string(max_rank));
+  return Shape(sizes.begin(), static_cast<index_t>(sizes.size()), who);
+}
+
+inline ParamView param_view(const at::Tensor& t, Dtype d, const Shape& s) {
+  ParamView v;
+  v.data = t.data_ptr();
+  v.dtype = d;
+  v.shape = s;
+  return v;
+}
+
+inline GradView grad_view(const at::Tensor& g, Dtype d, const Shape& s) {
+  GradView v;
+  v.data = g.data_ptr();
+  v.dtype = d;
+  v.shape = s;
+  return v;
+}
+
+/// A float tensor viewing `span` (no copy), or an undefined tensor.
+inline at::Tensor view_of(std::span<const float> span, std::vector<std::int64_t> sizes) {
+  if (span.empty()) return {};
+  return at::from_blob(const_cast<float*>(span.data()), sizes, at::TensorOptions().dtype(at::kFloat));
+}
+
+/// Logical shapes of the state arrays of a parameter of `shape`.
+struct StateShapes {
+  std::vector<std::int64_t> full, rows, cols;
+};
+inline StateShapes state_shapes(const Shape& shape) {
+  StateShapes s;
+  s.full.assign(shape.begin(), shape.end());
+  const MatrixGeometry g = shape.matrices();
+  if (shape.rank() >= 2) {
+    s.rows.assign(shape.begin(), shape.end() - 1);                    // [..., r]
+    s.cols.assign(shape.begin(), shape.end() - 2);                    // [..., c]
+    s.cols.push_back(g.cols);
+  } else {
+    s.rows = {g.rows};
+    s.cols = {g.cols};
+  }
+  return s;
+}
+
+inline std::string layout_signature(StateLayout b, StateLayout e, StateLayout r) {
+  auto one = [](StateLayout l) {
+    return std::string(l.momentum ? "m" : "-") + (l.factored ? "f" : "x");
+  };
+  return "backbone:" + one(b) + ",experts:" + one(e) + ",router:" + one(r);
+}
+
+}  // namespace detail
+
+/// SkewAdam (or any TierRules variant) behind torch's Optimizer interface.
+template <class Tiers = SkewAdamTiers, class Backend = backend::DefaultBackend>
+class Optimizer : public ::torch::optim::Optimizer {
+ public:
+  using core_type = skewadam::Optimizer<Tiers, Backend>;
+  using NamedParameters = ::torch::OrderedDict<std::string, at::Tensor>;
+
+  Optimizer(const NamedParameters& named_parameters, Options options = {})
+      : Optimizer(to_pairs(named_parameters), std::move(options)) {}
+
+  Optimizer(const std::vector<std::pair<std::string, at::Tensor>>& named_parameters, Options options = {})
+      : ::torch::optim::Optimizer(std::vector<::torch::optim::OptimizerParamGroup>{},
+                                  std::make_unique<GroupOptions>(Tier::backbone, options.hyperparameters.backbone)),
+        rules_(std::move(options.tier_rules)),
+        max_grad_norm_(options.max_grad_norm),
+        seed_(options.seed),
+        threads_(options.threads) {
+    if (!(max_grad_norm_ >= 0.0) || !std::isfinite(max_grad_norm_))
+      throw std::invalid_argument("Options.max_grad_norm = " + std::to_string(max_grad_norm_) +
+                                  ": must be finite and >= 0 (0 turns clipping off)");
+    for (Tier t : all_tiers)
+      validate(options.hyperparameters[t], "Options.hyperparameters." + std::string(tier_name(t)));
+
+    PerTier<std::vector<at::Tensor>> groups;
+    for (const auto& [name, tensor] : named_parameters) {
+      const std::string who = "parameter '" + name + "'";
+      if (name.empty()) throw std::invalid_argument("named_parameters: a parameter has an empty name");
+      if (by_name_.count(name)) throw std::invalid_argument(who + ": the name appears twice");
+      if (!tensor.defined()) throw std::invalid_argument(who + ": undefined tensor");
+      if (by_impl_.count(tensor.unsafeGetTensorImpl())) continue;  // tied: already registered
+      Param p;
+      p.name = name;
+      p.tensor = tensor;
+      p.tier = rules_.assign(name);
+      check_param_tensor(p, who, true);
+      p.dtype = detail::dtype_of_tensor(tensor, who);
+      p.shape = detail::shape_of_tensor(tensor, who);
+      p.data = tensor.data_ptr();
+      by_impl_.emplace(tensor.unsafeGetTensorImpl(), params_.size());
+      by_name_.emplace(name, params_.size());
+      groups[p.tier].push_back(tensor);
+      params_.push_back(std::move(p));
+    }
+    for (Tier t : all_tiers)
+      add_param_group(::torch::optim::OptimizerParamGroup(
+          groups[t], std::make_unique<GroupOptions>(t, options.hyperparameters[t])));
+    build_core(seed_);
+  }
+
+  // ------------------------------------------------------------------ step
+  /// One update of every parameter that has a gradient. With a closure, runs
+  /// it first (with gradients enabled) and returns its loss.
+  at::Tensor step(LossClosure closure = nullptr) override {
+    at::Tensor loss;
+    if (closure) {
+      at::AutoGradMode enable_grad(true);
+      loss = closure();
+    }
+    check_groups();
+    for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
+
+    std::vector<at::Tensor> copies;  // non-contiguous gradients, alive until the step is done
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      Param& p = params_[i];
+      const std::string who = "parameter '" + p.name + "'";
+      check_param_tensor(p, who, false);
+      const at::Tensor& g = p.tensor.grad();
+      if (!g.defined()) {
+        core_->clear_grad(p.id);
+        continue;
+      }
+      const std::string gwho = "gradient of '" + p.name + "'";
+      if (g.layout() != at::kStrided) throw std::invalid_argument(gwho + ": sparse gradients are not supported");
+      if (!g.device().is_cpu())
+        throw std::invalid_argument(gwho + ": on " + g.device().str() + "; it must be a CPU tensor");
+      if (g.sizes() != p.tensor.sizes())
+        throw std::invalid_argument(gwho + ": its sizes differ from the parameter's");
+      const Dtype gd = detail::dtype_of_tensor(g, gwho);
+      if (gd != Dtype::f32 && gd != p.dtype)
+        throw std::invalid_argument(gwho + ": dtype " + std::string(dtype_name(gd)) +
+                                    " must be float32 or the parameter's (" + std::string(dtype_name(p.dtype)) + ")");
+      const at::Tensor* src = &g;
+      if (!g.is_contiguous()) {
+        copies.push_back(g.contiguous());
+        src = &copies.back();
+      }
+      core_->set_grad(p.id, detail::grad_view(*src, gd, p.shape));
+    }
+    if (max_grad_norm_ > 0.0) core_->clip_grad_norm(max_grad_norm_);
+    core_->step();
+    for (Param& p : params_) {
+      const std::int64_t s = core_->state(p.id).step;
+      if (s != p.state->step) p.tensor.unsafeGetTensorImpl()->bump_version();  // written in place
+      p.state->step = s;
+    }
+    core_->clear_grads();
+    return loss;
+  }
+
+  // ------------------------------------------------------------ inspection
+  /// The tier a name is assigned by this optimizer's rules.
+  Tier tier_of(std::string_view name) const { return rules_.assign(name); }
+  /// Registered parameters, in registration order.
+  std::vector<std::string> names() const {
+    std::vector<std::string> n;
+    for (const Param& p : params_) n.push_back(p.name);
+    return n;
+  }
+  /// The tier a registered parameter is in.
+  Tier tier(const std::string& name) const { return params_[index_of(name)].tier; }
+  /// The state of a registered parameter.
+  const ParamState& param_state(const std::string& name) const { return *params_[index_of(name)].state; }
+  /// The library's optimizer underneath.
+  const core_type& core() const noexcept { return *core_; }
+  /// Optimizer state bytes (SPEC section 2), total and per tier.
+  index_t state_bytes() const noexcept { return core_->state_bytes(); }
+  index_t state_bytes(Tier t) const noexcept { return core_->state_bytes(t); }
+  /// The options of a tier's param group (its hyperparameters).
+  GroupOptions& group_options(Tier t) { return static_cast<GroupOptions&>(param_groups_.at(group_index(t)).options()); }
+  const GroupOptions& group_options(Tier t) const {
+    return static_cast<const GroupOptions&>(param_groups_.at(group_index(t)).options());
+  }
+  /// Sets the learning rate of every tier.
+  void set_lr(double lr) {
+    for (Tier t : all_tiers) {
+      if (!(lr >= 0.0) || !std::isfinite(lr))
+        throw std::invalid_argument("lr = " + std::to_string(lr) + ": must be finite and >= 0");
+      group_options(t).set_lr(lr);
+    }
+  }
+  double max_grad_norm() const noexcept { return max_grad_norm_; }
+  std::uint64_t seed() const noexcept { return seed_; }
+  /// Steps taken so far.
+  std::int64_t steps() const noexcept { return core_->steps(); }
+
+  // --------------------------------------------------------- save and load
+  /// Writes the complete state: format version, the rules' state layouts,
+  /// seed, step count, each tier's hyperparameters, and per parameter (by
+  /// name) its tier, dtype, shape, step count and state arrays.
+  void save(::torch::serialize::OutputArchive& archive) const override {
+    archive.write("skewadam_format", c10::IValue(archive_format_version));
+    archive.write("layouts", c10::IValue(layouts()));
+    archive.write("seed", c10::IValue(static_cast<std::int64_t>(seed_)));
+    archive.write("steps", c10::IValue(static_cast<std::int64_t>(core_->steps())));
+    ::torch::serialize::OutputArchive groups(archive.compilation_unit());
+    for (Tier t : all_tiers) {
+      ::torch::serialize::OutputArchive g(archive.compilation_unit());
+      group_options(t).serialize(g);
+      groups.write(std::string(tier_name(t)), g);
+    }
+    archive.write("hyperparameters", groups);
+    archive.write("count", c10::IValue(static_cast<std::int64_t>(params_.size())));
+    ::torch::serialize::OutputArchive list(archive.compilation_unit());
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const Param& p = params_[i];
+      ::torch::serialize::OutputArchive a(archive.compilation_unit());
+      a.write("name", c10::IValue(p.name));
+      a.write("tier", c10::IValue(static_cast<std::int64_t>(tier_index(p.tier))));
+      a.write("dtype", c10::IValue(std::string(dtype_name(p.dtype))));
+      a.write("shape", c10::IValue(std::vector<std::int64_t>(p.shape.begin(), p.shape.end())));
+      ParamState copy = *p.state;
+      for (at::Tensor* t : {&copy.m, &copy.v, &copy.v_row, &copy.v_col})
+        if (t->defined()) *t = t->clone();  // the archive must not alias live state
+      copy.serialize(a);
+      list.write(std::to_string(i), a);
+    }
+    archive.write("params", list);
+  }
+
+  /// Reads what save() wrote. Every name, tier, dtype, shape and array size is
+  /// checked against the registered parameters first; on any mismatch it
+  /// throws std::invalid_argument saying what differs, and nothing changes.
+  void load(::torch::serialize::InputArchive& archive) override {
+    const std::int64_t format = read_int(archive, "skewadam_format");
+    if (format != archive_format_version)
+      throw std::invalid_argument("archive: format version " + std::to_string(format) + ", this build reads " +
+                                  std::to_string(archive_format_version));
+    const std::string saved_layouts = read_string(archive, "layouts");
+    if (saved_layouts != layouts())
+      throw std::invalid_argument("archive: written by an optimizer with state layouts {" + saved_layouts +
+                                  "}, this one has {" + layouts() + "}");
+    const auto seed = static_cast<std::uint64_t>(read_int(archive, "seed"));
+    const std::int64_t steps = read_int(archive, "steps");
+    if (steps < 0) throw std::invalid_argument("archive: negative step count");
+
+    ::torch::serialize::InputArchive groups;
+    archive.read("hyperparameters", groups);
+    PerTier<GroupOptions> hyper;
+    for (Tier t : all_tiers) {
+      ::torch::serialize::InputArchive g;
+      groups.read(std::string(tier_name(t)), g);
+      hyper[t].serialize(g);
+      if (hyper[t].tier() != t)
+        throw std::invalid_argument("archive: hyperparameters of " + std::string(tier_name(t)) + " name tier " +
+                                    std::string(tier_name(hyper[t].tier())));
+    }
+
+    const std::int64_t count = read_int(archive, "count");
+    if (count != static_cast<std::int64_t>(params_.size()))
+      throw std::invalid_argument("archive: holds " + std::to_string(count) + " parameters, the optimizer has " +
+                                  std::to_string(params_.size()));
+    ::torch::serialize::InputArchive list;
+    archive.read("params", list);
+    std::vector<ParamState> loaded(params_.size());
+    std::vector<bool> seen(params_.size(), false);
+    for (std::int64_t i = 0; i < count; ++i) {
+      ::torch::serialize::InputArchive a;
+      list.read(std::to_string(i), a);
+      const std::string name = read_string(a, "name");
+      const std::string who = "archive: parameter '" + name + "'";
+      auto it = by_name_.find(name);
+      if (it == by_name_.end()) throw std::invalid_argument(who + " is not registered with this optimizer");
+      const Param& p = params_[it->second];
+      if (seen[it->second]) throw std::invalid_argument(who + " appears twice");
+      seen[it->second] = true;
+      const std::int64_t tier = read_int(a, "tier");
+      if (tier != tier_index(p.tier))
+        throw std::invalid_argument(who + ": saved in tier " + tier_label(tier) + ", registered in " +
+                                    std::string(tier_name(p.tier)));
+      const std::string dtype = read_string(a, "dtype");
+      if (dtype != dtype_name(p.dtype))
+        throw std::invalid_argument(who + ": saved as " + dtype + ", registered as " + std::string(dtype_name(p.dtype)));
+      c10::IValue shape;
+      a.read("shape", shape);
+      const std::vector<std::int64_t> want(p.shape.begin(), p.shape.end());
+      if (!shape.isIntList() || shape.toIntVector() != want)
+        throw std::invalid_argument(who + ": saved with another shape than the registered " + p.shape.str());
+      ParamState& s = loaded[static_cast<std::size_t>(it->second)];
+      s.step = read_int(a, "step");
+      if (s.step < 0 || s.step > steps) throw std::invalid_argument(who + ": step count out of range");
+      const ParamStateView live = core_->state(p.id);
+      read_array(a, "m", live.m.size(), who, s.m);
+      read_array(a, "v", live.v.size(), who, s.v);
+      read_array(a, "v_row", live.v_row.size(), who, s.v_row);
+      read_array(a, "v_col", live.v_col.size(), who, s.v_col);
+    }
+
+    // Everything checked: now change. The library optimizer is rebuilt unless
+    // it is untouched and has the saved seed, so tensors taken from state()
+    // before load() may no longer be valid after it.
+    for (Tier t : all_tiers) group_options(t) = hyper[t];
+    bool fresh = core_->steps() == 0;
+    for (const Param& p : params_) fresh = fresh && core_->state(p.id).step == 0;
+    if (seed != seed_ || !fresh) {
+      seed_ = seed;
+      build_core(seed_);
+    }
+    restore(loaded, steps);
+  }
+
+ private:
+  struct Param {
+    std::string name;
+    at::Tensor tensor;
+    Tier tier = Tier::backbone;
+    Dtype dtype = Dtype::f32;
+    Shape shape{};
+    void* data = nullptr;
+    ParamId id{};
+    ParamState* state = nullptr;  // owned by state_
+  };
+
+  static std::vector<std::pair<std::string, at::Tensor>> to_pairs(const NamedParameters& d) {
+    std::vector<std::pair<std::string, at::Tensor>> v;
+    v.reserve(d.size());
+    for (const auto& item : d) v.emplace_back(item.key(), item.value());
+    return v;
+  }
+
+  static std::size_t group_index(Tier t) { return static_cast<std::size_t>(tier_index(checked_tier(t))); }
+
+  static std::string layouts() {
+    return detail::layout_signature(Tiers::layout(Tier::backbone), Tiers::layout(Tier::experts),
+                                    Tiers::layout(Tier::router));
+  }
+
+  static std::string tier_label(std::int64_t t) {
+    return t >= 0 && t < tier_count ? std::string(tier_name(static_cast<Tier>(t))) : "#" + std::to_string(t);
+  }
+
+  std::size_t index_of(const std::string& name) const {
+    auto it = by_name_.find(name);
+    if (it == by_name_.end()) throw std::invalid_argument("name: no parameter '" + name + "' is registered");
+    return it->second;
+  }
+
+  /// A parameter must stay a contiguous CPU tensor of a supported dtype, in
+  /// the storage it had when it was registered.
+  static void check_param_tensor(const Param& p, const std::string& who, bool registering) {
+    const at::Tensor& t = p.tensor;
+    if (!t.device().is_cpu())
+      throw std::invalid_argument(who + ": on " + t.device().str() + "; skewadam::libtorch needs CPU tensors");
+    if (t.layout() != at::kStrided) throw std::invalid_argument(who + ": sparse parameters are not supported");
+    if (!t.is_contiguous())
+      throw std::invalid_argument(who + ": not contiguous; call .contiguous() on the parameter first");
+    if (registering) {
+      detail::dtype_of_tensor(t, who);
+      return;
+    }
+    if (t.data_ptr() != p.data || detail::dtype_of_tensor(t, who) != p.dtype ||
+        !(detail::shape_of_tensor(t, who) == p.shape))
+      throw std::invalid_argument(who + ": its data moved or changed dtype or shape since the optimizer was built "
+                                        "(create the optimizer after model->to(...))");
+  }
+
+  void check_groups() const {
+    if (param_groups_.size() != static_cast<std::size_t>(tier_count))
+      throw std::invalid_argument("param_groups: " + std::to_string(param_groups_.size()) +
+                                  " groups; skewadam::libtorch keeps exactly one per tier and takes parameters "
+                                  "only by name, at construction");
+    std::size_t n = 0;
+    for (Tier t : all_tiers) {
+      const auto& g = param_groups_[group_index(t)];
+      if (dynamic_cast<const GroupOptions*>(&g.options()) == nullptr ||
+          static_cast<const GroupOptions&>(g.options()).tier() != t)
+        throw std::invalid_argument("param_groups[" + std::to_string(group_index(t)) +
+                                    "]: options are not this tier's GroupOptions");
+      n += g.params().size();
+    }
+    if (n != params_.size())
+      throw std::invalid_argument("param_groups: parameters were added or removed after construction; "
+                                  "skewadam::libtorch takes parameters only by name, at construction");
+  }
+
+  /// (Re)creates the library optimizer and registers every parameter.
+  void build_core(std::uint64_t seed) {
+    PerTier<Hyperparameters> h;
+    if (param_groups_.size() == static_cast<std::size_t>(tier_count))
+      for (Tier t : all_tiers) h[t] = group_options(t).hyperparameters();
+    auto core = std::make_unique<core_type>(h, skewadam::OptimizerOptions{seed, threads_});
+    for (Param& p : params_) p.id = core->add(p.name, p.tier, detail::param_view(p.tensor, p.dtype, p.shape));
+    core_ = std::move(core);
+    for (Param& p : params_) {
+      auto s = std::make_unique<ParamState>();
+      s->name = p.name;
+      s->tier = p.tier;
+      const ParamStateView live = core_->state(p.id);
+      s->step = live.step;
+      const detail::StateShapes shapes = detail::state_shapes(p.shape);
+      s->m = detail::view_of(live.m, shapes.full);
+      s->v = detail::view_of(live.v, shapes.full);
+      s->v_row = detail::view_of(live.v_row, shapes.rows);
+      s->v_col = detail::view_of(live.v_col, shapes.cols);
+      p.state = s.get();
+      state_[detail::state_key_of<detail::TorchStateKey>(p.tensor)] = std::move(s);
+    }
+  }
+
+  /// Puts `loaded` into a fresh library optimizer and sets the step counts.
+  ///
+  /// The library has no setter for step counts yet, so they are reached by
+  /// no-op steps: a zero gradient at lr 0 leaves every parameter bit for bit
+  /// as it is (p * 1 - 0 * 0, and stochastic rounding keeps a representable
+  /// value), while each step advances t. The arrays are written afterwards.
+  /// This costs one pass over the parameters per saved step.
+  void restore(const std::vector<ParamState>& loaded, std::int64_t steps) {
+    const PerTier<Hyperparameters> kept{core_->hyperparameters(Tier::backbone),
+                                        core_->hyperparameters(Tier::experts),
+                                        core_->hyperparameters(Tier::router)};
+    index_t largest = 0;
+    for (const Param& p : params_) largest = std::max(largest, p.shape.numel());
+    std::int64_t max_step = 0;
+    for (const ParamState& s : loaded) max_step = std::max(max_step, s.step);
+    if (max_step > 0) {
+      std::vector<float> zeros(static_cast<std::size_t>(largest), 0.0f);
+      for (Tier t : all_tiers) {
+        Hyperparameters h = kept[t];
+        h.lr = 0.0;
+        core_->set_hyperparameters(t, h);
+      }
+      for (std::int64_t k = 1; k <= max_step; ++k) {
+        for (std::size_t i = 0; i < params_.size(); ++i) {
+          const Param& p = params_[i];
+          if (loaded[i].step >= k) {
+            GradView g;
+            g.data = zeros.data();
+            g.dtype = Dtype::f32;
+            g.shape = p.shape;
+            core_->set_grad(p.id, g);
+          } else {
+            core_->clear_grad(p.id);
+          }
+        }
+        core_->step();
+      }
+      core_->clear_grads();
+      for (Tier t : all_tiers) core_->set_hyperparameters(t, kept[t]);
+    }
+    for (std::int64_t k = max_step; k < steps; ++k) core_->step();  // steps in which nothing had a gradient
+
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      Param& p = params_[i];
+      for (auto [dst, src] : {std::pair{&p.state->m, &loaded[i].m}, std::pair{&p.state->v, &loaded[i].v},
+                              std::pair{&p.state->v_row, &loaded[i].v_row},
+                              std::pair{&p.state->v_col, &loaded[i].v_col}})
+        if (dst->defined()) std::memcpy(dst->data_ptr(), src->data_ptr(), static_cast<std::size_t>(dst->numel()) * 4);
+      p.state->step = core_->state(p.id).step;
+    }
+  }
+
+  static std::int64_t read_int(::torch::serialize::InputArchive& a, const std::string& key) {
+    c10::IValue v;
+    if (!a.try_read(key, v) || !v.isInt()) throw std::invalid_argument("archive: integer '" + key + "' is missing");
+    return v.toInt();
+  }
+  static std::string read_string(::torch::serialize::InputArchive& a, const std::string& key) {
+    c10::IValue v;
+    if (!a.try_read(key, v) || !v.isString()) throw std::invalid_argument("archive: text '" + key + "' is missing");
+    return v.toStringRef();
+  }
+  /// Reads an fp32 array of `size` elements (absent when size is 0).
+  static void read_array(::torch::serialize::InputArchive& a, const std::string& key, std::size_t size,
+                         const std::string& who, at::Tensor& out) {
+    at::Tensor t;
+    const bool present = a.try_read(key, t, true);
+    if (size == 0) {
+      if (present) throw std::invalid_argument(who + ": has state '" + key + "', which this optimizer's rule does not keep");
+      return;
+    }
+    if (!present) throw std::invalid_argument(who + ": state '" + key + "' is missing");
+    if (t.scalar_type() != at::kFloat || static_cast<std::size_t>(t.numel()) != size)
+      throw std::invalid_argument(who + ": state '" + key + "' has " + std::to_string(t.numel()) + " elements of " +
+                                  std::string(c10::toString(t.scalar_type())) + ", expected " + std::to_string(size) +
+                                  " of Float");
+    out = t.contiguous();
+  }
+
+  TierAssigner rules_;
+  double max_grad_norm_ = 0.0;
+  std::uint64_t seed_ = 0;
+  int threads_ = 0;
+  std::vector<Param> params_;
+  std::unordered_map<std::string, std::size_t> by_name_;
+  std::unordered_map<const void*, std::size_t> by_impl_;
+  std::unique_ptr<core_type> core_;
+};
+
+// ----------------------------------------------------------------- variants
+using SkewAdam = Optimizer<SkewAdamTiers>;
+using ExpertMomentumAblation = Optimizer<ExpertMomentumTiers>;
+using FactoredRouterAblation = Optimizer<FactoredRouterTiers>;
+using UniformAblation = Optimizer<UniformTiers>;
+using AdafactorLike = Optimizer<AdafactorTiers>;
+using AdamW = Optimizer<AdamWTiers>;
+
+}  // namespace skewadam::libtorch

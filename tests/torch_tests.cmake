@@ -1,0 +1,39 @@
+# The LibTorch adapter's tests: a separate doctest executable, since it needs
+# LibTorch (Debian: libtorch-dev). Included by tests/CMakeLists.txt; without
+# LibTorch it adds nothing. The tests also build the demo's model
+# (examples/moe_lm/model.hpp). main.cpp includes the adapter header first, so
+# the executable also checks that the header compiles alone.
+
+find_package(Torch QUIET)
+if(NOT Torch_FOUND)
+  message(STATUS "LibTorch not found (Debian: apt-get install libtorch-dev): the adapter's tests are not built")
+  return()
+endif()
+
+if(NOT TARGET doctest::doctest)
+  find_package(doctest REQUIRED)
+endif()
+
+add_executable(skewadam-torch-tests
+  ${CMAKE_CURRENT_LIST_DIR}/unit_torch/main.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_adapter.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_serialize.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_tier_rules.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_training.cpp)
+target_include_directories(skewadam-torch-tests PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/unit_torch
+  ${CMAKE_CURRENT_LIST_DIR}/../examples/moe_lm)
+target_link_libraries(skewadam-torch-tests PRIVATE skewadam::skewadam ${TORCH_LIBRARIES} doctest::doctest)
+target_compile_features(skewadam-torch-tests PRIVATE cxx_std_20)
+if(TARGET skewadam_warnings)
+  target_link_libraries(skewadam-torch-tests PRIVATE skewadam_warnings)
+endif()
+# GCC 12 flags its own AVX-512 intrinsics, inlined from Eigen, as maybe-uninitialized.
+target_compile_options(skewadam-torch-tests PRIVATE $<$<CXX_COMPILER_ID:GNU>:-Wno-maybe-uninitialized>)
+
+add_test(NAME torch-adapter COMMAND skewadam-torch-tests)
+# Two threads whatever the machine (the results must not depend on it), which
+# wait by sleeping: spinning OpenMP threads slow a shared runner down by an
+# order of magnitude.
+set_tests_properties(torch-adapter PROPERTIES LABELS "torch"
+                     ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=passive")

@@ -1,0 +1,207 @@
+// save()/load() through torch::serialize: a resumed run is bit-identical to an
+// uninterrupted one, and a checkpoint that does not fit is refused without
+// changing anything.
+
+#include <skewadam/torch/optimizer.hpp>
+
+#include <doctest/doctest.h>
+
+#include <torch/torch.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "torch_test_support.hpp"
+
+namespace {
+
+using namespace skewadam_torch_test;
+
+skewadam::libtorch::Options test_options(std::uint64_t seed = 5) {
+  skewadam::libtorch::Options o;
+  o.hyperparameters.backbone = {.lr = 2e-3, .weight_decay = 0.05};
+  o.hyperparameters.experts = {.lr = 3e-3, .weight_decay = 0.05};
+  o.hyperparameters.router = {.lr = 1e-3};
+  o.seed = seed;
+  return o;
+}
+
+template <class Opt>
+void run_steps(Opt& opt, const Named& ps, const Named& grads_shape, int from, int to) {
+  for (int k = from; k <= to; ++k) {
+    set_grads(ps, grads_for_step(grads_shape, k));
+    opt.step();
+  }
+}
+
+template <class Opt>
+std::string saved(const Opt& opt) {
+  std::ostringstream out;
+  torch::serialize::OutputArchive archive;
+  opt.save(archive);
+  archive.save_to(out);
+  return out.str();
+}
+
+/// Step counts and state arrays of every parameter, copied.
+template <class Opt>
+std::vector<torch::Tensor> snapshot(const Opt& opt) {
+  std::vector<torch::Tensor> out;
+  out.push_back(torch::tensor({opt.steps()}));
+  for (const auto& name : opt.names()) {
+    const auto& s = opt.param_state(name);
+    out.push_back(torch::tensor({s.step}));
+    for (const torch::Tensor* t : {&s.m, &s.v, &s.v_row, &s.v_col})
+      out.push_back(t->defined() ? t->clone() : torch::Tensor());
+  }
+  return out;
+}
+
+inline bool same_state(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i].defined() != b[i].defined()) return false;
+    if (a[i].defined() && !same_bits(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+template <class Opt>
+void load_into(Opt& opt, const std::string& bytes) {
+  std::istringstream in(bytes);
+  torch::serialize::InputArchive archive;
+  archive.load_from(in);
+  opt.load(archive);
+}
+
+template <class Opt>
+void check_resume(int k, int n, bool load_into_used_optimizer) {
+  const Named start = make_params();
+  // uninterrupted
+  const Named full = clone(start);
+  Opt a(full, test_options());
+  run_steps(a, full, start, 1, n);
+
+  // steps 1..k, save, then a new optimizer on a copy of the parameters
+  const Named first = clone(start);
+  Opt b(first, test_options());
+  run_steps(b, first, start, 1, k);
+  const std::string checkpoint = saved(b);
+
+  const Named resumed = clone(first);
+  Opt c(resumed, test_options(/*seed=*/1));  // the checkpoint's seed wins
+  if (load_into_used_optimizer) {
+    run_steps(c, resumed, start, 1, 2);  // state and parameters get overwritten...
+    for (std::size_t i = 0; i < resumed.size(); ++i) resumed[i].second.detach().copy_(first[i].second);
+  }
+  load_into(c, checkpoint);
+  CHECK(c.seed() == 5);
+  CHECK(c.steps() == k);
+  for (const auto& name : c.names()) CHECK(c.param_state(name).step == b.param_state(name).step);
+  run_steps(c, resumed, start, k + 1, n);
+  for (std::size_t i = 0; i < full.size(); ++i) {
+    INFO("parameter " << full[i].first);
+    CHECK(same_bits(full[i].second, resumed[i].second));
+  }
+  CHECK(same_state(snapshot(a), snapshot(c)));
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("save, load and resume bit for bit (fp32 and bf16 with stochastic rounding)", Opt,
+                   skewadam::libtorch::SkewAdam, skewadam::libtorch::UniformAblation,
+                   skewadam::libtorch::AdafactorLike, skewadam::libtorch::AdamW) {
+  SUBCASE("into a fresh optimizer") { check_resume<Opt>(4, 9, false); }
+  SUBCASE("into an optimizer that has already stepped") { check_resume<Opt>(5, 8, true); }
+  SUBCASE("at step 0") { check_resume<Opt>(0, 3, false); }
+}
+
+TEST_CASE("torch::save and torch::load work on the optimizer") {
+  const Named start = make_params();
+  const Named a = clone(start);
+  skewadam::libtorch::SkewAdam opt(a, test_options());
+  run_steps(opt, a, start, 1, 3);
+  std::stringstream buffer;
+  torch::save(opt, buffer);
+  const Named b = clone(a);
+  skewadam::libtorch::SkewAdam other(b, test_options());
+  torch::load(other, buffer);
+  run_steps(opt, a, start, 4, 5);
+  run_steps(other, b, start, 4, 5);
+  CHECK(same_bits(a, b));
+}
+
+TEST_CASE("load restores the param groups' hyperparameters") {
+  const Named start = make_params(false);
+  const Named a = clone(start);
+  skewadam::libtorch::SkewAdam opt(a, test_options());
+  opt.group_options(skewadam::Tier::experts).set_lr(0.25);
+  opt.group_options(skewadam::Tier::router).hyperparameters().clip_threshold = 0.5;
+  const std::string checkpoint = saved(opt);
+  const Named b = clone(start);
+  skewadam::libtorch::SkewAdam other(b, test_options());
+  load_into(other, checkpoint);
+  CHECK(other.group_options(skewadam::Tier::experts).get_lr() == 0.25);
+  CHECK(other.group_options(skewadam::Tier::router).hyperparameters().clip_threshold == 0.5);
+  CHECK(other.group_options(skewadam::Tier::backbone).get_lr() == 2e-3);
+}
+
+TEST_CASE("a checkpoint that does not fit is refused and nothing changes") {
+  const Named start = make_params();
+  const Named a = clone(start);
+  skewadam::libtorch::SkewAdam opt(a, test_options());
+  run_steps(opt, a, start, 1, 3);
+  const std::string checkpoint = saved(opt);
+
+  const Named b = clone(start);
+  auto expect_refused = [&](auto& target, const Named& params, const std::string& needle) {
+    run_steps(target, params, params, 1, 2);
+    const auto before = snapshot(target);
+    const Named values = clone(params);
+    std::string message = "no exception";
+    try {
+      load_into(target, checkpoint);
+    } catch (const std::invalid_argument& e) {
+      message = e.what();
+    }
+    INFO(message);
+    CHECK(message.find(needle) != std::string::npos);
+    CHECK(same_state(snapshot(target), before));
+    CHECK(same_bits(values, params));
+  };
+
+  SUBCASE("another rule") {
+    skewadam::libtorch::UniformAblation other(b, test_options());
+    expect_refused(other, b, "state layouts");
+  }
+  SUBCASE("a parameter missing") {
+    Named fewer(b.begin(), b.end() - 1);
+    skewadam::libtorch::SkewAdam other(fewer, test_options());
+    expect_refused(other, fewer, "holds 9 parameters, the optimizer has 8");
+  }
+  SUBCASE("a renamed parameter") {
+    Named renamed = b;
+    renamed[0].first = "embedding.weight";
+    skewadam::libtorch::SkewAdam other(renamed, test_options());
+    expect_refused(other, renamed, "'tok_emb.weight' is not registered");
+  }
+  SUBCASE("another tier") {
+    skewadam::libtorch::Options o = test_options();
+    o.tier_rules = skewadam::TierAssigner::from_strings({"router=backbone"});
+    skewadam::libtorch::SkewAdam other(b, o);
+    expect_refused(other, b, "saved in tier router, registered in backbone");
+  }
+  SUBCASE("another shape") {
+    Named reshaped = b;
+    reshaped[0].second = torch::zeros({20, 32});
+    skewadam::libtorch::SkewAdam other(reshaped, test_options());
+    expect_refused(other, reshaped, "another shape");
+  }
+  SUBCASE("another dtype") {
+    Named cast = b;
+    cast[0].second = cast[0].second.to(torch::kBFloat16);
+    skewadam::libtorch::SkewAdam other(cast, test_options());
+    expect_refused(other, cast, "saved as f32, registered as bf16");
+  }
+}
