@@ -13,7 +13,9 @@ Usage: /usr/bin/python3 bench/compare.py [--bench build/bench/skewadam-bench]
            [--threads 1,2] [--steps 5] [--quick] [--markdown]
 
 Times are medians of --steps timed steps after two warm-up steps (torch) and
-of --benchmark_repetitions runs (skewadam-bench). Ratios are the other
+of --reps repetitions of each skewadam-bench benchmark, interleaved in random
+order with the others' so that a burst of load elsewhere does not hit one
+benchmark's every repetition. Ratios are the other
 implementation's time divided by the library's SkewAdam time: above 1 means
 the library is faster.
 
@@ -192,7 +194,7 @@ def run_bench(bench, names, reps, min_time):
     pattern = "^(" + "|".join(sorted(set(names))) + ")(/real_time)?$"
     cmd = [bench, "--benchmark_filter=" + pattern, "--benchmark_format=json",
            "--benchmark_repetitions=%d" % reps, "--benchmark_min_time=%g" % min_time,
-           "--benchmark_report_aggregates_only=true"]
+           "--benchmark_report_aggregates_only=true", "--benchmark_enable_random_interleaving=true"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     data = json.loads(out)
     result = {}
@@ -248,8 +250,8 @@ def main():
     ap.add_argument("--bench", default=os.path.join(here, "..", "build", "bench", "skewadam-bench"))
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--steps", type=int, default=5, help="timed torch steps per case (median)")
-    ap.add_argument("--reps", type=int, default=5, help="skewadam-bench repetitions (median)")
-    ap.add_argument("--min-time", type=float, default=0.1, help="skewadam-bench --benchmark_min_time")
+    ap.add_argument("--reps", type=int, default=9, help="skewadam-bench repetitions (median)")
+    ap.add_argument("--min-time", type=float, default=0.05, help="skewadam-bench --benchmark_min_time")
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
     ap.add_argument("--torch-malloc", choices=["warm", "default"], default="warm",
