@@ -13,7 +13,9 @@ Usage: /usr/bin/python3 bench/compare.py [--bench build/bench/skewadam-bench]
            [--threads 1,2] [--steps 5] [--quick] [--markdown]
 
 Times are medians of --steps timed steps after two warm-up steps (torch) and
-of --benchmark_repetitions runs (skewadam-bench). Ratios are the other
+of --reps repetitions of each skewadam-bench benchmark, interleaved in random
+order with the others' so that a burst of load elsewhere does not hit one
+benchmark's every repetition. Ratios are the other
 implementation's time divided by the library's SkewAdam time: above 1 means
 the library is faster.
 
@@ -157,14 +159,16 @@ def make_params(spec, seed=1):
 
 
 def time_steps(step, steps):
+    """Median wall-clock and calling-thread CPU time of a step, in ms."""
     step()
     step()
-    times = []
+    wall, cpu = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
+    return statistics.median(wall) * 1e3, statistics.median(cpu) * 1e3
 
 
 def time_torch_ops(spec, threads, steps):
@@ -190,7 +194,7 @@ def run_bench(bench, names, reps, min_time):
     pattern = "^(" + "|".join(sorted(set(names))) + ")(/real_time)?$"
     cmd = [bench, "--benchmark_filter=" + pattern, "--benchmark_format=json",
            "--benchmark_repetitions=%d" % reps, "--benchmark_min_time=%g" % min_time,
-           "--benchmark_report_aggregates_only=true"]
+           "--benchmark_report_aggregates_only=true", "--benchmark_enable_random_interleaving=true"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     data = json.loads(out)
     result = {}
@@ -200,9 +204,9 @@ def run_bench(bench, names, reps, min_time):
         name = b["run_name"]
         if name.endswith("/real_time"):
             name = name[: -len("/real_time")]
-        t = b["real_time"]
-        unit = b.get("time_unit", "ms")
-        result[name] = t * {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+        scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b.get("time_unit", "ms")]
+        result[name] = b["real_time"] * scale
+        result[name + ":cpu"] = b["cpu_time"] * scale
         if "bytes_per_second" in b:
             result[name + ":GB/s"] = b["bytes_per_second"] / 1e9
     return result, data.get("context", {})
@@ -246,8 +250,8 @@ def main():
     ap.add_argument("--bench", default=os.path.join(here, "..", "build", "bench", "skewadam-bench"))
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--steps", type=int, default=5, help="timed torch steps per case (median)")
-    ap.add_argument("--reps", type=int, default=5, help="skewadam-bench repetitions (median)")
-    ap.add_argument("--min-time", type=float, default=0.1, help="skewadam-bench --benchmark_min_time")
+    ap.add_argument("--reps", type=int, default=9, help="skewadam-bench repetitions (median)")
+    ap.add_argument("--min-time", type=float, default=0.05, help="skewadam-bench --benchmark_min_time")
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
     ap.add_argument("--torch-malloc", choices=["warm", "default"], default="warm",
@@ -260,6 +264,8 @@ def main():
 
     load_before = " ".join(open("/proc/loadavg").read().split()[:3])
     cs = [c for c in cases(args.quick) if args.filter in c["label"]]
+    if not cs:
+        sys.exit("compare.py: no case matches --filter %r" % args.filter)
     names = ["stream/triad/threads:%d" % t for t in threads]
     for c in cs:
         for t in threads:
@@ -269,39 +275,53 @@ def main():
     rows = []
     for c in cs:
         for t in threads:
-            sk = lib["%s/threads:%d" % (c["lib"], t)]
-            aw = lib["%s/threads:%d" % (c["adamw"], t)]
+            k, a = "%s/threads:%d" % (c["lib"], t), "%s/threads:%d" % (c["adamw"], t)
             ops = time_torch_ops(c["spec"], t, args.steps)
             ta = time_torch_adamw(c["spec"], t, args.steps)
-            rows.append((c["label"], t, sk, lib.get("%s/threads:%d:GB/s" % (c["lib"], t)), ops, ta, aw))
+            rows.append(dict(label=c["label"], t=t, sk=(lib[k], lib[k + ":cpu"]), gbs=lib.get(k + ":GB/s"),
+                             ops=ops, ta=ta, aw=(lib[a], lib[a + ":cpu"])))
             print("  done: %s, %d thread(s)" % (c["label"], t), file=sys.stderr)
 
     print("machine: %s" % machine())
     print("torch allocator: %s" % ("glibc default" if args.torch_malloc == "default"
                                    else "warm (" + ", ".join("%s=%s" % kv for kv in WARM_MALLOC.items()) + ")"))
     print("OMP_WAIT_POLICY: %s" % os.environ.get("OMP_WAIT_POLICY", "(unset)"))
-    print("load average before: %s" % load_before)
+    print("load average before: %s, after: %s" % (load_before, " ".join(open("/proc/loadavg").read().split()[:3])))
     print("skewadam-bench: arch %s, %s" % (context.get("skewadam.arch", "?"), context.get("date", "")))
     for t in threads:
         name = "stream/triad/threads:%d" % t
-        print("stream/triad, %d thread(s): %.2f ms, %.1f GB/s (12 bytes per element counted)"
-              % (t, lib[name], lib[name + ":GB/s"]))
+        print("stream/triad, %d thread(s): %.2f ms, %.1f GB/s (12 bytes per element counted); CPU time of the "
+              "calling thread %.2f ms" % (t, lib[name], lib[name + ":GB/s"], lib[name + ":cpu"]))
+
     head = ["case", "thr", "skewadam ms", "GB/s", "torch-ops ms", "torch AdamW ms", "skewadam AdamW ms",
             "torch-ops / skewadam", "torch AdamW / skewadam", "AdamW / skewadam"]
-    body = []
-    for label, t, sk, gbs, ops, ta, aw in rows:
-        body.append([label, str(t), "%.2f" % sk, "%.1f" % gbs if gbs else "", "%.1f" % ops, "%.1f" % ta,
-                     "%.2f" % aw, "%.1fx" % (ops / sk), "%.1fx" % (ta / sk), "%.2fx" % (aw / sk)])
-    if args.markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "|".join("---" for _ in head) + "|")
-        for r in body:
-            print("| " + " | ".join(r) + " |")
-    else:
-        widths = [max(len(head[i]), *(len(r[i]) for r in body)) for i in range(len(head))]
-        print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
-        for r in body:
-            print("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
+
+    def table(title, body):
+        print()
+        print(title)
+        if args.markdown:
+            print()
+            print("| " + " | ".join(head) + " |")
+            print("|" + "|".join("---" for _ in head) + "|")
+            for r in body:
+                print("| " + " | ".join(r) + " |")
+        else:
+            widths = [max(len(head[i]), *(len(r[i]) for r in body)) for i in range(len(head))]
+            print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+            for r in body:
+                print("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
+
+    def row(r, i):
+        sk, ops, ta, aw = r["sk"][i], r["ops"][i], r["ta"][i], r["aw"][i]
+        gbs = r["gbs"] * r["sk"][0] / sk if r["gbs"] else None
+        return [r["label"], str(r["t"]), "%.2f" % sk, "%.1f" % gbs if gbs else "", "%.1f" % ops, "%.1f" % ta,
+                "%.2f" % aw, "%.1fx" % (ops / sk), "%.1fx" % (ta / sk), "%.2fx" % (aw / sk)]
+
+    table("Wall-clock time per step (median):", [row(r, 0) for r in rows])
+    single = [row(r, 1) for r in rows if r["t"] == 1]
+    if single:
+        table("CPU time of the one working thread per step, 1 thread (median; insensitive to other "
+              "processes taking the CPU, not to their memory traffic):", single)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,10 @@
 //   model/<optimizer>/<dtype>/paper53M/threads:N
 //                                           a whole step over a parameter set
 //                                           with the paper's proportions
+//   model/<optimizer>_checked/...           the same with the optimizer's
+//                                           default non-finite gradient check
+//                                           (every other benchmark runs
+//                                           NonFinitePolicy::unchecked)
 //   stream/triad/threads:N                  a[i] = b[i] + q * c[i], fp32
 //
 // bytes_per_second counts the minimal memory traffic of the rule (below), not
@@ -149,10 +153,15 @@ struct Param {
 const skewadam::Hyperparameters hyper{.lr = 3e-4, .weight_decay = 0.05};
 
 /// Runs steps of `params` with the SkewAdam tiers or AdamW for all of them.
+/// `checked`: the optimizer's default non-finite gradient check (nonfinite.hpp)
+/// is on; otherwise NonFinitePolicy::unchecked, the update alone, as the
+/// reference and torch.optim.AdamW do it.
 template <class Opt>
-void run_steps(benchmark::State& state, const std::vector<Param>& params) {
+void run_steps(benchmark::State& state, const std::vector<Param>& params, bool checked) {
   const int threads = static_cast<int>(state.range(0));
-  Opt opt(hyper, skewadam::OptimizerOptions{.threads = threads});
+  Opt opt(hyper, skewadam::OptimizerOptions{
+                     .threads = threads,
+                     .nonfinite = checked ? skewadam::NonFinitePolicy::skip_step : skewadam::NonFinitePolicy::unchecked});
   std::vector<std::unique_ptr<Buffers>> buffers;
   index_t bytes = 0, elements = 0;
   std::uint64_t seed = 1;
@@ -173,9 +182,9 @@ void run_steps(benchmark::State& state, const std::vector<Param>& params) {
   state.counters["elements"] = static_cast<double>(elements);
 }
 
-void step_bench(benchmark::State& state, std::vector<Param> params) {
-  if (params.front().kind == Kind::adamw) run_steps<skewadam::AdamW>(state, params);
-  else run_steps<skewadam::SkewAdam>(state, params);
+void step_bench(benchmark::State& state, std::vector<Param> params, bool checked) {
+  if (params.front().kind == Kind::adamw) run_steps<skewadam::AdamW>(state, params, checked);
+  else run_steps<skewadam::SkewAdam>(state, params, checked);
 }
 
 /// STREAM triad over n floats: a = b + q c.
@@ -240,8 +249,8 @@ std::vector<Param> paper_model(Dtype dtype, bool adamw) {
   return ps;
 }
 
-void add(const std::string& name, std::vector<Param> params) {
-  benchmark::RegisterBenchmark(name.c_str(), step_bench, std::move(params))
+void add(const std::string& name, std::vector<Param> params, bool checked = false) {
+  benchmark::RegisterBenchmark(name.c_str(), step_bench, std::move(params), checked)
       ->ArgName("threads")
       ->Arg(1)
       ->Arg(2)
@@ -288,6 +297,12 @@ void register_all() {
     const std::string_view dt = skewadam::dtype_name(dtype);
     add(join({"model/skewadam/", dt, "/paper53M"}), paper_model(dtype, false));
     add(join({"model/adamw/", dt, "/paper53M"}), paper_model(dtype, true));
+  }
+  // The same steps with the optimizer's default non-finite gradient check.
+  for (Dtype dtype : {Dtype::f32, Dtype::bf16}) {
+    const std::string_view dt = skewadam::dtype_name(dtype);
+    add(join({"model/skewadam_checked/", dt, "/paper53M"}), paper_model(dtype, false), true);
+    add(join({"model/adamw_checked/", dt, "/paper53M"}), paper_model(dtype, true), true);
   }
 }
 
