@@ -29,7 +29,12 @@
 // a bf16 parameter does not load from an f32 one. Only then is the state
 // swapped in, with no step that can fail. On any error a CheckpointError says
 // exactly what is wrong (all mismatches, not just the first) and the optimizer
-// and the parameters are unchanged.
+// and the parameters are unchanged. Until it commits, loading holds a second
+// copy of the state (and of the parameter values it loads). A load restores
+// the saved hyperparameters and seed; change them afterwards if need be.
+//
+// Neither saving nor loading may run concurrently with step() on the same
+// optimizer.
 
 #include <algorithm>
 #include <array>

@@ -128,14 +128,18 @@ inline float gradient_limit(const MatrixGeometry& g, bool factored) noexcept {
   return static_cast<float>(std::sqrt(static_cast<double>(FLT_MAX) / (2.0 * static_cast<double>(n))));
 }
 
+/// Written on bits and plain floats so that the compiler vectorizes the scan.
 template <class G>
 SKEWADAM_ALWAYS_INLINE bool offends(G g, float scale, float limit) noexcept {
   if constexpr (std::is_same_v<G, f16>) {
     (void)scale;
     (void)limit;  // every finite fp16 value is far below any limit
     return (bits_of(g) & 0x7c00u) == 0x7c00u;
+  } else if constexpr (std::is_same_v<G, bf16>) {
+    const float x = bits_float(static_cast<std::uint32_t>(bits_of(g)) << 16);  // exact widening
+    return !(std::fabs(x * scale) <= limit);
   } else {
-    return !(std::fabs(to_float(g) * scale) <= limit);
+    return !(std::fabs(g * scale) <= limit);
   }
 }
 
@@ -174,7 +178,7 @@ struct GradientScan {
                                        gradient_limit(t.geom, Factored));
     t.unit_sum[u.block] = static_cast<double>(at);
   }
-  static void finalize(const backend::TensorTask& /*t*/) {}
+  static void finalize(const backend::TensorTask& /*t*/, float* /*scratch*/) {}
   static const backend::KernelTable* table() noexcept {
     static constexpr backend::KernelTable k{&statistics, &finalize, nullptr};
     return &k;
@@ -201,7 +205,7 @@ struct PhaseKernels {
 };
 
 inline void no_statistics(const backend::TensorTask&, const backend::Unit&, float*) {}
-inline void no_finalize(const backend::TensorTask&) {}
+inline void no_finalize(const backend::TensorTask&, float*) {}
 
 inline PhaseKernels split_phases(const backend::KernelTable* full) noexcept {
   return PhaseKernels{full, {full->statistics, full->finalize, nullptr}, {&no_statistics, &no_finalize, full->apply}};

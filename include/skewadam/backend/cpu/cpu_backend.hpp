@@ -1,15 +1,23 @@
 #pragma once
 // CpuBackend<Arch>: runs a step's work on CPU threads, one parallel region per
-// step for all tensors (three phases separated by barriers: statistics,
-// finalize, apply), so many small tensors share one fork/join. Units are taken
+// step for all tensors, so many small tensors share one fork/join. Inside it:
+// the statistics units (a tensor is finalized by the thread that completes
+// its last statistics unit), one barrier, the apply units. Units are taken
 // dynamically by threads; since every unit's result is independent of who
 // computes it and partials are combined in a fixed order, results are
 // bit-identical for any thread count.
+//
+// On a machine shared with other work, OpenMP threads that spin while they
+// wait take CPU time from the thread they wait for: OMP_WAIT_POLICY=passive
+// (libgomp: or a small GOMP_SPINCOUNT) made a 2-thread step 2-3x faster here
+// under a busy co-tenant (bench/RESULTS.md).
 //
 // Arch is an xsimd architecture tag (xsimd::avx2, xsimd::avx512bw, ...) or
 // skewadam::ScalarArch. The default is the best one the compiler targets.
 
 #include <algorithm>
+#include <atomic>
+#include <cstddef>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -66,10 +74,23 @@ class CpuBackend {
   void run(std::span<const TensorTask> tasks, std::span<const Unit> units) {
     if (tasks.empty()) return;
     const auto nunits = static_cast<index_t>(units.size());
-    const auto ntasks = static_cast<index_t>(tasks.size());
     bool any_apply = false;
     for (const TensorTask& t : tasks) any_apply = any_apply || t.kernel->apply != nullptr;
-    const int nthreads = static_cast<int>(std::min<index_t>(threads_, std::max<index_t>(1, nunits)));
+    // Statistics units left per task; the thread that finishes a task's last
+    // one finalizes it, so no barrier separates the two phases. (Grows with
+    // the number of tensors only, and is reused from step to step.)
+    if (pending_.size() < tasks.size()) pending_.resize(tasks.size());
+    std::fill(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(tasks.size()), index_t{0});
+    index_t elements = 0;
+    for (const Unit& u : units) {
+      const TensorTask& t = tasks[static_cast<std::size_t>(u.task)];
+      ++pending_[static_cast<std::size_t>(u.task)];
+      elements += (u.end - u.begin) * (t.factored ? t.geom.cols : 1);
+    }
+    // A thread per Cutting::chunk_elems elements at most: a small step is
+    // not worth waking threads for (the result does not depend on the count).
+    const index_t by_work = std::max<index_t>(1, elements / Cutting::chunk_elems);
+    const int nthreads = static_cast<int>(std::min<index_t>({index_t{threads_}, nunits, by_work}));
 #if defined(_OPENMP)
 #pragma omp parallel num_threads(nthreads)
 #endif
@@ -80,23 +101,19 @@ class CpuBackend {
       float* scratch = scratch_.data();
 #endif
 #if defined(_OPENMP)
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
 #endif
       for (index_t k = 0; k < nunits; ++k) {
         const Unit& u = units[static_cast<std::size_t>(k)];
         const TensorTask& t = tasks[static_cast<std::size_t>(u.task)];
         t.kernel->statistics(t, u, scratch);
-      }
-#if defined(_OPENMP)
-#pragma omp for schedule(dynamic, 1)
-#endif
-      for (index_t k = 0; k < ntasks; ++k) {
-        const TensorTask& t = tasks[static_cast<std::size_t>(k)];
-        t.kernel->finalize(t, scratch);
+        std::atomic_ref<index_t> left(pending_[static_cast<std::size_t>(u.task)]);
+        if (left.fetch_sub(1, std::memory_order_acq_rel) == 1) t.kernel->finalize(t, scratch);
       }
       if (any_apply) {
 #if defined(_OPENMP)
-#pragma omp for schedule(dynamic, 1)
+#pragma omp barrier
+#pragma omp for schedule(dynamic, 1) nowait
 #endif
         for (index_t k = 0; k < nunits; ++k) {
           const Unit& u = units[static_cast<std::size_t>(k)];
@@ -119,6 +136,7 @@ class CpuBackend {
   index_t max_cols_ = 0;
   std::size_t stride_ = 16;
   std::vector<float> scratch_ = std::vector<float>(static_cast<std::size_t>(16 * hardware_threads()));
+  std::vector<index_t> pending_;  ///< accessed through std::atomic_ref during run()
 };
 
 /// The backend an optimizer uses unless told otherwise.

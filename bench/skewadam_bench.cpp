@@ -1,0 +1,304 @@
+// skewadam-bench: time of one optimizer step per rule, shape and dtype, with
+// the bandwidth it reaches against a STREAM triad measured in the same run.
+//
+//   step/<tier>/<dtype>/<shape>/threads:N   one tensor (or a list) of one tier
+//   model/<optimizer>/<dtype>/paper53M/threads:N
+//                                           a whole step over a parameter set
+//                                           with the paper's proportions
+//   stream/triad/threads:N                  a[i] = b[i] + q * c[i], fp32
+//
+// bytes_per_second counts the minimal memory traffic of the rule (below), not
+// what the kernels happen to move, so it is directly comparable with the
+// triad's (which counts 3 * 4 bytes per element: two reads, one write, as
+// STREAM does, not the write-allocate read the hardware also performs).
+//
+// Traffic model, bytes per element (P: parameter bytes, G: gradient bytes;
+// fp32 state; the O(rows + cols) factored statistics are not counted):
+//   experts  factored, no momentum, clip: pass 1 reads g; pass 2 reads g, p
+//            and writes p                                   2G + 2P   (f32 16, bf16 8)
+//   backbone factored, momentum, clip: pass 1 reads g, m and writes m;
+//            pass 2 reads m, p and writes p                 G + 12 + 2P (f32 24, bf16 18)
+//   router   exact, clip: pass 1 reads g, V and writes V; pass 2 reads g,
+//            V, p and writes p                              2G + 12 + 2P (f32 28, bf16 20)
+//   adamw    one pass: reads g, m, V, p and writes m, V, p  G + 16 + 2P (f32 28, bf16 22)
+// A rank-1 tensor under a factored tier is updated exactly: the router's model,
+// or G + 24 + 2P with the backbone's momentum.
+//
+// Every benchmark takes the thread count as its argument (threads:1, threads:2).
+
+#include <benchmark/benchmark.h>
+
+#include <skewadam/skewadam.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+namespace {
+
+using skewadam::Dtype;
+using skewadam::index_t;
+using skewadam::Shape;
+using skewadam::Tier;
+
+enum class Kind { backbone, experts, router, adamw };
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::backbone: return "backbone";
+    case Kind::experts: return "experts";
+    case Kind::router: return "router";
+    case Kind::adamw: return "adamw";
+  }
+  return "?";
+}
+
+/// Minimal bytes moved per element by one step (the model above).
+index_t bytes_per_element(Kind k, Dtype dtype, bool rank1) {
+  const index_t p = skewadam::dtype_size(dtype);
+  const index_t g = p;  // gradients in the parameter's dtype
+  if (rank1 && (k == Kind::backbone || k == Kind::experts)) {
+    // the exact fallback; the backbone keeps its momentum:
+    // pass 1 reads g, m, V and writes m, V; pass 2 reads m, V, p and writes p
+    return k == Kind::backbone ? g + 24 + 2 * p : 2 * g + 12 + 2 * p;
+  }
+  switch (k) {
+    case Kind::experts: return 2 * g + 2 * p;
+    case Kind::backbone: return g + 12 + 2 * p;
+    case Kind::router: return 2 * g + 12 + 2 * p;
+    case Kind::adamw: return g + 16 + 2 * p;
+  }
+  return 0;
+}
+
+/// Deterministic pseudo-random fill in [-scale, scale).
+void fill(float* x, index_t n, std::uint64_t seed, float scale) {
+  std::uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 1;
+  for (index_t i = 0; i < n; ++i) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    x[i] = scale * (static_cast<float>(s >> 40) * 0x1p-23f - 1.0f);
+  }
+}
+
+/// A buffer aligned to 64 bytes, as frameworks allocate tensors (PyTorch's
+/// CPU allocator aligns to 64): 512-bit loads then never split cache lines.
+template <class T>
+struct AlignedBuffer {
+  struct Free {
+    void operator()(T* p) const noexcept { std::free(p); }
+  };
+  std::unique_ptr<T[], Free> data;
+  explicit AlignedBuffer(index_t n)
+      : data(static_cast<T*>(std::aligned_alloc(64, static_cast<std::size_t>((n * index_t(sizeof(T)) + 63) / 64 * 64)))) {
+    if (!data) throw std::bad_alloc();
+  }
+  T* get() const noexcept { return data.get(); }
+};
+
+/// One tensor's parameter and gradient buffers, in fp32 or bf16.
+struct Buffers {
+  Dtype dtype;
+  Shape shape;
+  AlignedBuffer<float> p32, g32;
+  AlignedBuffer<skewadam::bf16> p16, g16;
+
+  Buffers(Dtype d, Shape s, std::uint64_t seed)
+      : dtype(d), shape(s), p32(d == Dtype::f32 ? s.numel() : 1), g32(d == Dtype::f32 ? s.numel() : 1),
+        p16(d == Dtype::f32 ? 1 : s.numel()), g16(d == Dtype::f32 ? 1 : s.numel()) {
+    const index_t n = s.numel();
+    if (d == Dtype::f32) {
+      fill(p32.get(), n, seed, 0.05f);
+      fill(g32.get(), n, seed + 1, 1e-3f);
+    } else {
+      std::vector<float> tmp(static_cast<std::size_t>(n));
+      fill(tmp.data(), n, seed, 0.05f);
+      for (index_t i = 0; i < n; ++i) p16.get()[i] = skewadam::bf16(tmp[static_cast<std::size_t>(i)]);
+      fill(tmp.data(), n, seed + 1, 1e-3f);
+      for (index_t i = 0; i < n; ++i) g16.get()[i] = skewadam::bf16(tmp[static_cast<std::size_t>(i)]);
+    }
+  }
+  skewadam::ParamView param() {
+    if (dtype == Dtype::f32) return skewadam::TensorView<float>(p32.get(), shape);
+    return skewadam::TensorView<skewadam::bf16>(p16.get(), shape);
+  }
+  skewadam::GradView grad() {
+    if (dtype == Dtype::f32) return skewadam::TensorView<const float>(g32.get(), shape);
+    return skewadam::TensorView<const skewadam::bf16>(g16.get(), shape);
+  }
+};
+
+struct Param {
+  std::string name;
+  Kind kind;
+  Shape shape;
+  Dtype dtype;
+};
+
+const skewadam::Hyperparameters hyper{.lr = 3e-4, .weight_decay = 0.05};
+
+/// Runs steps of `params` with the SkewAdam tiers or AdamW for all of them.
+template <class Opt>
+void run_steps(benchmark::State& state, const std::vector<Param>& params) {
+  const int threads = static_cast<int>(state.range(0));
+  Opt opt(hyper, skewadam::OptimizerOptions{.threads = threads});
+  std::vector<std::unique_ptr<Buffers>> buffers;
+  index_t bytes = 0, elements = 0;
+  std::uint64_t seed = 1;
+  for (const Param& p : params) {
+    buffers.push_back(std::make_unique<Buffers>(p.dtype, p.shape, seed += 2));
+    const Tier tier = p.kind == Kind::experts ? Tier::experts
+                      : p.kind == Kind::router ? Tier::router
+                                               : Tier::backbone;
+    opt.add(p.name, tier, buffers.back()->param(), buffers.back()->grad());
+    bytes += bytes_per_element(p.kind, p.dtype, p.shape.rank() < 2) * p.shape.numel();
+    elements += p.shape.numel();
+  }
+  opt.step();  // warm-up
+  for (auto _ : state) opt.step();
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * bytes);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * elements);
+  state.counters["bytes_per_elem"] = static_cast<double>(bytes) / static_cast<double>(elements);
+  state.counters["elements"] = static_cast<double>(elements);
+}
+
+void step_bench(benchmark::State& state, std::vector<Param> params) {
+  if (params.front().kind == Kind::adamw) run_steps<skewadam::AdamW>(state, params);
+  else run_steps<skewadam::SkewAdam>(state, params);
+}
+
+/// STREAM triad over n floats: a = b + q c.
+void triad(benchmark::State& state, index_t n) {
+  const int threads = static_cast<int>(state.range(0));
+  AlignedBuffer<float> a(n), b(n), c(n);
+  fill(a.get(), n, 6, 1.0f);
+  fill(b.get(), n, 7, 1.0f);
+  fill(c.get(), n, 8, 1.0f);
+  float* pa = a.get();
+  const float* pb = b.get();
+  const float* pc = c.get();
+  const float q = 0.5f;
+  for (auto _ : state) {
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (index_t i = 0; i < n; ++i) pa[i] = pb[i] + q * pc[i];
+    benchmark::DoNotOptimize(pa);
+    benchmark::ClobberMemory();
+  }
+  (void)threads;
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * 12 * n);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * n);
+}
+
+/// Concatenation by append (GCC 12 warns falsely on some operator+ chains).
+std::string join(std::initializer_list<std::string_view> parts) {
+  std::string out;
+  for (std::string_view p : parts) out.append(p);
+  return out;
+}
+
+std::string shape_name(const Shape& s) {
+  std::string out;
+  for (int i = 0; i < s.rank(); ++i) {
+    if (i) out.push_back('x');
+    out.append(std::to_string(s[i]));
+  }
+  return out;
+}
+
+/// The paper's proportions (SPEC section 1: 5 % backbone, 95 % experts, a
+/// router) at d_model 1024 with 8 experts of ff 2048: 52.97 M parameters,
+/// backbone 4.96 %, experts 95.02 %, router 0.015 %. Matrix weights in
+/// `dtype`; LayerNorms and the router in fp32 (as the paper keeps them).
+/// bench/compare.py builds the same set.
+std::vector<Param> paper_model(Dtype dtype, bool adamw) {
+  const index_t d = 1024, e = 8, ff = 2048, kv = 256;
+  auto kind = [&](Kind k) { return adamw ? Kind::adamw : k; };
+  std::vector<Param> ps;
+  for (const char* n : {"ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias", "lnf.weight", "lnf.bias"})
+    ps.push_back({n, kind(Kind::backbone), Shape{d}, Dtype::f32});
+  ps.push_back({"attn.q", kind(Kind::backbone), Shape{d, d}, dtype});
+  ps.push_back({"attn.k", kind(Kind::backbone), Shape{kv, d}, dtype});
+  ps.push_back({"attn.v", kind(Kind::backbone), Shape{kv, d}, dtype});
+  ps.push_back({"attn.o", kind(Kind::backbone), Shape{d, d}, dtype});
+  ps.push_back({"moe.router", kind(Kind::router), Shape{e, d}, Dtype::f32});
+  ps.push_back({"moe.w1", kind(Kind::experts), Shape{e, ff, d}, dtype});
+  ps.push_back({"moe.w3", kind(Kind::experts), Shape{e, ff, d}, dtype});
+  ps.push_back({"moe.w2", kind(Kind::experts), Shape{e, d, ff}, dtype});
+  return ps;
+}
+
+void add(const std::string& name, std::vector<Param> params) {
+  benchmark::RegisterBenchmark(name.c_str(), step_bench, std::move(params))
+      ->ArgName("threads")
+      ->Arg(1)
+      ->Arg(2)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+}
+
+void register_all() {
+  const index_t triad_n = index_t{4096} * 4096;
+  benchmark::RegisterBenchmark("stream/triad", triad, triad_n)
+      ->ArgName("threads")
+      ->Arg(1)
+      ->Arg(2)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+
+  struct One {
+    Kind kind;
+    Shape shape;
+  };
+  const std::vector<One> singles = {
+      {Kind::router, Shape{128, 4096}},       {Kind::experts, Shape{4096, 2048}},
+      {Kind::experts, Shape{4096, 4096}},     {Kind::experts, Shape{8, 1024, 2048}},
+      {Kind::backbone, Shape{4096, 4096}},    {Kind::adamw, Shape{4096, 2048}},
+      {Kind::adamw, Shape{4096, 4096}},
+  };
+  for (Dtype dtype : {Dtype::f32, Dtype::bf16})
+    for (const One& o : singles)
+      add(join({"step/", kind_name(o.kind), "/", skewadam::dtype_name(dtype), "/", shape_name(o.shape)}),
+          {Param{"w", o.kind, o.shape, dtype}});
+
+  // Many small tensors in one step: 64 matrices [64, 256] and 64 vectors [256].
+  for (Dtype dtype : {Dtype::f32, Dtype::bf16}) {
+    std::vector<Param> small;
+    for (int i = 0; i < 64; ++i) {
+      const std::string k = std::to_string(i);
+      small.push_back({join({"m", k}), Kind::backbone, Shape{64, 256}, dtype});
+      small.push_back({join({"v", k}), Kind::backbone, Shape{256}, dtype});
+    }
+    add(join({"step/backbone/", skewadam::dtype_name(dtype), "/128tensors_64x256_256"}), small);
+  }
+
+  for (Dtype dtype : {Dtype::f32, Dtype::bf16}) {
+    const std::string_view dt = skewadam::dtype_name(dtype);
+    add(join({"model/skewadam/", dt, "/paper53M"}), paper_model(dtype, false));
+    add(join({"model/adamw/", dt, "/paper53M"}), paper_model(dtype, true));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("skewadam.arch", skewadam::backend::DefaultBackend::arch_name());
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
