@@ -86,6 +86,11 @@ foreach(_ranks 2 3 4)
   skewadam_add_mpi_test(unit-mpi/sharded-vs-single/ranks-${_ranks} ${_ranks} $<TARGET_FILE:skewadam-mpi-tests>)
 endforeach()
 
+# The example trains across 2 processes and its loss goes down.
+if(TARGET sharded_training)
+  skewadam_add_mpi_test(examples/sharded_training 2 $<TARGET_FILE:sharded_training> --steps 300)
+endif()
+
 # The MPI communicator's header compiles alone.
 file(CONFIGURE OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/header_alone_mpi/mpi_communicator.cpp
      CONTENT "#include <skewadam/mpi/communicator.hpp>\n#include <skewadam/mpi/communicator.hpp>\n")

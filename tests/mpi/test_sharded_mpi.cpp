@@ -259,6 +259,12 @@ int main(int argc, char** argv) {
            "state bytes over the ranks " + std::to_string(sum) + " vs " + std::to_string(single.state_bytes()) + " + " +
                std::to_string(replicated) + " replicated");
     EXPECT(per_rank[static_cast<std::size_t>(comm.rank())] == opt.state_bytes(), "this rank's state bytes");
+    index_t planned = 0;
+    for (std::size_t k = 0; k < model.size(); ++k) {
+      const ParamId id{static_cast<index_t>(k)};
+      planned += dist::shard_state_bytes(opt.split(id), SkewAdamTiers::layout(model[k].tier), comm.rank());
+    }
+    EXPECT(planned == opt.state_bytes(), "shard_state_bytes() predicts this rank's state bytes");
   }
 
   // ------------------------------------------------------- checkpoints

@@ -28,6 +28,8 @@
 
 #include "../config.hpp"
 #include "../shape.hpp"
+#include "../state_layout.hpp"
+#include "../tier.hpp"
 
 namespace skewadam::dist {
 
@@ -110,6 +112,38 @@ struct TensorSplit {
   /// Elements of a piece.
   index_t elements(const Piece& p) const noexcept { return factored ? p.size() * geom.cols : p.size(); }
 };
+
+/// The split of a tensor of `shape` in `tier` whose rule keeps `layout`, over
+/// `ranks` ranks. `whole_index` counts the single-matrix expert tensors
+/// registered before this one (they are dealt out round-robin).
+inline TensorSplit split_for(Tier tier, const Shape& shape, StateLayout layout, int ranks, ExpertSharding experts,
+                             index_t whole_index) {
+  TensorSplit s;
+  s.geom = shape.matrices();
+  s.factored = factors(layout, shape);
+  s.ranks = ranks;
+  if (tier == Tier::experts && experts == ExpertSharding::experts) {
+    if (s.geom.batch > 1) {
+      s.split = Split::matrices;
+    } else {
+      s.split = Split::whole;
+      s.owner = static_cast<int>(whole_index % ranks);
+    }
+  }
+  return s;
+}
+
+/// Optimizer state bytes rank `rank` keeps for a tensor (SPEC section 2 on
+/// its pieces; a factored piece keeps its rows' R and a copy of C).
+inline index_t shard_state_bytes(const TensorSplit& s, StateLayout layout, int rank) {
+  index_t b = 0;
+  for (const Piece& p : s.pieces(rank)) {
+    const index_t n = s.elements(p);
+    if (layout.momentum) b += 4 * n;
+    b += s.factored ? 4 * (p.size() + s.geom.cols) : 4 * n;
+  }
+  return b;
+}
 
 /// Bytes one rank puts into the step's two exchanges (sharded_optimizer.hpp),
 /// for one tensor: every rank gathers `ranks` times this.

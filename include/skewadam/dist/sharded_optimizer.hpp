@@ -216,17 +216,7 @@ class ShardedOptimizer {
     e.grad = grad;
     e.id = tensor_id(name);
     const StateLayout layout = Tiers::layout(tier);
-    e.split.geom = param.shape.matrices();
-    e.split.factored = factors(layout, param.shape);
-    e.split.ranks = ranks();
-    if (tier == Tier::experts && shard_.experts == ExpertSharding::experts) {
-      if (e.split.geom.batch > 1) {
-        e.split.split = Split::matrices;
-      } else {
-        e.split.split = Split::whole;
-        e.split.owner = static_cast<int>(whole_experts_ % ranks());
-      }
-    }
+    e.split = split_for(tier, param.shape, layout, ranks(), shard_.experts, whole_experts_);
     e.pieces = e.split.pieces(rank());
     allocate(e, layout);
 
