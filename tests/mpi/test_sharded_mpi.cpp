@@ -128,7 +128,7 @@ constexpr int steps = 6;
 
 /// Runs the sharded optimizer on `model` for `steps` steps.
 void run_sharded(Comm& comm, std::vector<Tensor>& model, std::vector<index_t>* exchange = nullptr) {
-  Sharded opt(comm, hyper());
+  Sharded opt(comm, hyper(), OptimizerOptions{.threads = 1});
   for (Tensor& t : model) opt.add(t.name, t.tier, t.param(), t.grad());
   for (int s = 1; s <= steps; ++s) {
     fill_grads(model, s);
@@ -185,7 +185,7 @@ int main(int argc, char** argv) {
   }
 
   std::vector<Tensor> model = make_model();
-  Sharded opt(comm, hyper());
+  Sharded opt(comm, hyper(), OptimizerOptions{.threads = 2});  // the second run below: 1 thread
   for (Tensor& t : model) opt.add(t.name, t.tier, t.param(), t.grad());
   std::vector<index_t> exchange;
   for (int s = 1; s <= steps; ++s) {
@@ -230,7 +230,7 @@ int main(int argc, char** argv) {
                model[k].name + ": this rank's copy of C differs from the first owner's");
   }
 
-  // -------------------------------------------------- same bits every run
+  // ------------------------------- same bits every run, at any thread count
   std::vector<Tensor> again = make_model();
   run_sharded(comm, again);
   for (std::size_t k = 0; k < model.size(); ++k)

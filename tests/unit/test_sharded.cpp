@@ -81,7 +81,8 @@ TEST_CASE("one rank: the sharded optimizer gives the single-process bits") {
   SkewAdam single(hyper(), OptimizerOptions{.threads = 2});
   a.add_to(single);
   dist::SelfCommunicator self;
-  dist::ShardedOptimizer<SkewAdamTiers, dist::SelfCommunicator> sharded(self, hyper());
+  dist::ShardedOptimizer<SkewAdamTiers, dist::SelfCommunicator> sharded(self, hyper(), OptimizerOptions{.threads = 2});
+  CHECK(sharded.threads() == 2);
   b.add_to(sharded);
   for (int s = 1; s <= 4; ++s) {
     a.grads(s);
@@ -172,6 +173,7 @@ TEST_CASE("sharded optimizer: bad input names the argument and changes nothing")
     OnOneRank o(self, hyper(), OptimizerOptions{}, dist::ShardOptions{static_cast<dist::ExpertSharding>(7)});
   };
   CHECK_THROWS_WITH_AS(bad_sharding(), doctest::Contains("shard.experts"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(opt.set_threads(-1), doctest::Contains("threads = -1"), std::invalid_argument);
 
   // a NaN gradient: the step is skipped, state and step count unchanged
   m.grads(2);

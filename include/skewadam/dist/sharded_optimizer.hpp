@@ -37,8 +37,10 @@
 // than one process does, within the golden tolerances. Stochastic rounding
 // uses each element's index in the whole tensor, as one process does.
 //
-// Each rank runs its slices on one thread (OptimizerOptions::threads is not
-// used): a rank per core or per GPU is the intended layout.
+// Each rank runs its pieces (one per matrix slice it owns) on
+// OptimizerOptions::threads threads, a piece per thread at a time; pieces are
+// independent, so the bits do not depend on the thread count. A single large
+// piece runs on one thread.
 //
 // Checkpoints are the single-process format (dist/sharded_checkpoint.hpp), so
 // a run saved with N ranks resumes with M ranks, or in one process.
@@ -192,6 +194,7 @@ class ShardedOptimizer {
                                   " is not a valid position in a group");
     hyper_ = per_tier;
     set_nonfinite_policy(options.nonfinite);
+    set_threads(options.threads);
   }
 
   Comm& comm() const noexcept { return *comm_; }
@@ -288,6 +291,14 @@ class ShardedOptimizer {
   }
   void set_lr_schedule(Tier t, Schedule schedule) { schedules_[checked_tier(t)] = std::move(schedule); }
 
+  /// Threads per rank; 0 selects the hardware's count.
+  void set_threads(int n) {
+    if (n < 0) throw std::invalid_argument("threads = " + std::to_string(n) + ": must be >= 0 (0: hardware)");
+    threads_ = n == 0 ? backend::CpuBackend<Arch>::hardware_threads() : n;
+    resize_scratch();
+  }
+  int threads() const noexcept { return threads_; }
+
   void set_nonfinite_policy(NonFinitePolicy p) {
     if (p != NonFinitePolicy::skip_step && p != NonFinitePolicy::raise && p != NonFinitePolicy::unchecked)
       throw std::invalid_argument("nonfinite policy: unknown value " + std::to_string(static_cast<int>(p)));
@@ -349,7 +360,7 @@ class ShardedOptimizer {
 
     // 1. statistics, and everything of matrices owned whole
     build_tasks(h);
-    for (Work& w : work_) statistics(w);
+    for_each_work([this](Work& w, float* scratch) { statistics(w, scratch); });
 
     // 2. the statistics exchange: column sums and sum of R_i of cut matrices
     pack_statistics();
@@ -360,7 +371,7 @@ class ShardedOptimizer {
     clip_divisors();
 
     // 4. apply
-    for (Work& w : work_) apply(w);
+    for_each_work([this](Work& w, float* scratch) { apply(w, scratch); });
 
     for (std::size_t i : stepped_) ++entries_[i].state.step;
     ++steps_;
@@ -543,8 +554,10 @@ class ShardedOptimizer {
       e.state.v_col.assign(e.pieces.size() * static_cast<std::size_t>(g.cols), 0.0f);
       e.colsum.assign(static_cast<std::size_t>(blocks * g.cols), 0.0f);
       e.dsum.assign(static_cast<std::size_t>(blocks * g.cols), 0.0f);
-      max_cols_ = std::max(max_cols_, g.cols);
-      scratch_.resize(static_cast<std::size_t>(3 * max_cols_));
+      if (g.cols > max_cols_) {
+        max_cols_ = g.cols;
+        resize_scratch();
+      }
     } else {
       e.state.v.assign(static_cast<std::size_t>(elems), 0.0f);
       e.unit_sum.assign(static_cast<std::size_t>(chunks), 0.0);
@@ -673,7 +686,33 @@ class ShardedOptimizer {
     return backend::Unit{0, 0, begin, std::min(n, begin + backend::Cutting::chunk_elems), k};
   }
 
-  void statistics(Work& w) {
+  /// Room for 3 * max_cols_ floats per thread, on separate cache lines.
+  void resize_scratch() {
+    stride_ = static_cast<std::size_t>((3 * max_cols_ + 15) / 16 * 16 + 16);
+    scratch_.assign(stride_ * static_cast<std::size_t>(std::max(threads_, 1)), 0.0f);
+  }
+
+  /// Runs f(work, scratch) for every piece of the step, on up to threads_
+  /// threads (no more than one per Cutting::chunk_elems elements).
+  template <class F>
+  void for_each_work(F&& f) {
+    const auto n = static_cast<std::int64_t>(work_.size());
+    if (n == 0) return;
+    index_t elements = 0;
+    for (const Work& w : work_) elements += w.task.geom.numel();
+    const index_t by_work = std::max<index_t>(1, elements / backend::Cutting::chunk_elems);
+    const int nthreads = static_cast<int>(std::min<index_t>({index_t{threads_}, index_t{n}, by_work}));
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+    for (std::int64_t k = 0; k < n; ++k)
+      f(work_[static_cast<std::size_t>(k)], scratch_.data() + static_cast<std::size_t>(omp_get_thread_num()) * stride_);
+#else
+    (void)nthreads;
+    for (std::int64_t k = 0; k < n; ++k) f(work_[static_cast<std::size_t>(k)], scratch_.data());
+#endif
+  }
+
+  void statistics(Work& w, float* scratch) {
     Entry& e = entries_[w.entry];
     const backend::TensorTask& t = w.task;
     const index_t c = t.geom.cols;
@@ -687,7 +726,7 @@ class ShardedOptimizer {
         for (index_t i = 0; i < r; ++i) s += t.v_row[i];
         e.piece_r[w.piece] = s;
       } else {
-        w.kernels->finalize_whole(t, t.col_partial, t.d_partial, nb, scratch_.data());
+        w.kernels->finalize_whole(t, t.col_partial, t.d_partial, nb, scratch);
       }
     } else {
       const index_t nc = t.chunks_per_matrix;
@@ -854,14 +893,14 @@ class ShardedOptimizer {
     return Rule::clip::divisor(sum, count, s);
   }
 
-  void apply(Work& w) {
+  void apply(Work& w, float* scratch) {
     if (!w.kernels->apply_pass) return;
     const backend::TensorTask& t = w.task;
     if (t.factored) {
-      w.kernels->apply(t, backend::Unit{0, 0, 0, t.geom.rows, 0}, scratch_.data());
+      w.kernels->apply(t, backend::Unit{0, 0, 0, t.geom.rows, 0}, scratch);
     } else {
       const index_t nc = t.chunks_per_matrix;
-      for (index_t k = 0; k < nc; ++k) w.kernels->apply(t, chunk_unit(t.geom.cols, k), scratch_.data());
+      for (index_t k = 0; k < nc; ++k) w.kernels->apply(t, chunk_unit(t.geom.cols, k), scratch);
     }
   }
 
@@ -1090,6 +1129,8 @@ class ShardedOptimizer {
   index_t whole_experts_ = 0;
   index_t max_cols_ = 0;
   index_t last_exchange_bytes_ = 0;
+  int threads_ = 1;
+  std::size_t stride_ = 16;
   // reused every step
   std::vector<std::size_t> stepped_;
   std::vector<Work> work_;
