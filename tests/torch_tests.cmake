@@ -28,8 +28,6 @@ target_compile_features(skewadam-torch-tests PRIVATE cxx_std_20)
 if(TARGET skewadam_warnings)
   target_link_libraries(skewadam-torch-tests PRIVATE skewadam_warnings)
 endif()
-# GCC 12 flags its own AVX-512 intrinsics, inlined from Eigen, as maybe-uninitialized.
-target_compile_options(skewadam-torch-tests PRIVATE $<$<CXX_COMPILER_ID:GNU>:-Wno-maybe-uninitialized>)
 
 add_test(NAME torch-adapter COMMAND skewadam-torch-tests)
 # Two threads whatever the machine (the results must not depend on it), which

@@ -206,11 +206,14 @@ std::string loaded_blas() {
   return "unknown";
 }
 
-// ---------------------------------------------------------------- one run
+/// The 1-minute load average (other work competing for the cores).
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string first;
+  return in >> first ? first : std::string("unknown");
+}
 
-struct RunResult {
-  std::map<std::string, std::string> values;
-};
+// ---------------------------------------------------------------- one run
 
 std::int64_t torch_state_bytes(const torch::optim::Optimizer& opt) {
   std::int64_t bytes = 0;
@@ -307,7 +310,7 @@ int run_worker(const Settings& s) {
 
   const bool tty = isatty(STDOUT_FILENO) != 0;
   const std::int64_t tokens_per_step = s.batch * s.model.context;
-  double train_seconds = 0, loss_sum = 0, balance_sum = 0, last_train_loss = 0;
+  double train_seconds = 0, step_seconds = 0, loss_sum = 0, balance_sum = 0, last_train_loss = 0;
   std::int64_t loss_count = 0;
   auto last_print = Clock::now() - std::chrono::seconds(10);
   const auto print_every = std::max<std::int64_t>(1, s.steps / 10);
@@ -323,8 +326,11 @@ int run_worker(const Settings& s) {
     const auto loss = ce + s.balance_coef * out.balance_loss;
     loss.backward();
     torch::nn::utils::clip_grad_norm_(params, s.max_grad_norm);
+    const auto t1 = Clock::now();
     opt.step();
-    train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    const auto t2 = Clock::now();
+    step_seconds += std::chrono::duration<double>(t2 - t1).count();
+    train_seconds += std::chrono::duration<double>(t2 - t0).count();
     loss_sum += ce.item<double>();
     balance_sum += out.balance_loss.item<double>();
     ++loss_count;
@@ -370,6 +376,7 @@ int run_worker(const Settings& s) {
       summary << "state_" << skewadam::tier_name(tier) << "=" << t.tier_bytes(tier) << "\n";
   summary << "tokens_per_s=" << static_cast<double>(s.steps * tokens_per_step) / train_seconds << "\n";
   summary << "train_seconds=" << train_seconds << "\n";
+  summary << "optimizer_ms_per_step=" << 1000.0 * step_seconds / static_cast<double>(s.steps) << "\n";
   summary << "train_loss=" << last_train_loss << "\n";
   summary << "val_loss=" << final_eval.loss << "\n";
   summary << "val_ppl=" << std::exp(final_eval.loss) << "\n";
@@ -437,7 +444,7 @@ void plot(const Settings& s, const std::vector<std::string>& names) {
      << "set output '" << (dir / "val_ppl.png").string() << "'\n"
      << "set datafile separator ','\n"
      << "set title 'MoE LM: validation perplexity (" << s.steps << " steps, same init and batches)'\n"
-     << "set xlabel 'step'\nset ylabel 'validation perplexity (bytes)'\nset logscale y\nset grid\n"
+     << "set xlabel 'step'\nset ylabel 'validation perplexity (per byte)'\nset grid\n"
      << "set key top right\n"
      << "plot ";
   for (std::size_t i = 0; i < names.size(); ++i) {
@@ -488,6 +495,7 @@ int run_driver(const Settings& s, const std::vector<std::string>& passthrough) {
   fs::create_directories(s.out);
   std::vector<std::map<std::string, std::string>> results;
   std::vector<long> rss;
+  const std::string load_before = load_average();
   const auto started = Clock::now();
   for (std::size_t i = 0; i < s.optimizers.size(); ++i) {
     std::vector<std::string> args = passthrough;
@@ -505,12 +513,12 @@ int run_driver(const Settings& s, const std::vector<std::string>& passthrough) {
   std::ostringstream table;
   table << std::left << std::setw(18) << "optimizer" << std::right << std::setw(12) << "state (MB)" << std::setw(10)
         << "vs AdamW" << std::setw(12) << "backbone" << std::setw(10) << "experts" << std::setw(10) << "router"
-        << std::setw(11) << "peak RSS" << std::setw(10) << "tokens/s" << std::setw(9) << "val ppl" << std::setw(9)
-        << "balance" << "\n";
-  table << std::string(111, '-') << "\n";
+        << std::setw(11) << "peak RSS" << std::setw(10) << "tokens/s" << std::setw(9) << "step ms" << std::setw(9)
+        << "val ppl" << std::setw(9) << "balance" << "\n";
+  table << std::string(120, '-') << "\n";
   std::ofstream csv(fs::path(s.out) / "results.csv");
   csv << "optimizer,state_bytes,state_backbone_bytes,state_experts_bytes,state_router_bytes,peak_rss_kib,"
-         "tokens_per_s,val_loss,val_ppl,balance_loss,train_seconds\n";
+         "tokens_per_s,optimizer_ms_per_step,val_loss,val_ppl,balance_loss,train_seconds\n";
   for (std::size_t i = 0; i < s.optimizers.size(); ++i) {
     const auto& r = results[i];
     const double bytes = number(r, "state_bytes");
@@ -525,11 +533,12 @@ int run_driver(const Settings& s, const std::vector<std::string>& passthrough) {
           << megabytes(bytes) << std::setw(10) << ratio.str() << std::setw(12) << tier("state_backbone")
           << std::setw(10) << tier("state_experts") << std::setw(10) << tier("state_router") << std::setw(7)
           << std::fixed << std::setprecision(0) << static_cast<double>(rss[i]) / 1024.0 << " MiB" << std::setw(10)
-          << number(r, "tokens_per_s") << std::setw(9) << std::setprecision(3) << number(r, "val_ppl")
+          << number(r, "tokens_per_s") << std::setw(9) << std::setprecision(1) << number(r, "optimizer_ms_per_step")
+          << std::setw(9) << std::setprecision(3) << number(r, "val_ppl")
           << std::setw(9) << std::setprecision(3) << number(r, "balance_loss") << "\n";
     csv << s.optimizers[i] << "," << r.at("state_bytes") << "," << (r.count("state_backbone") ? r.at("state_backbone") : "")
         << "," << (r.count("state_experts") ? r.at("state_experts") : "") << ","
-        << (r.count("state_router") ? r.at("state_router") : "") << "," << rss[i] << "," << r.at("tokens_per_s") << ","
+        << (r.count("state_router") ? r.at("state_router") : "") << "," << rss[i] << "," << r.at("tokens_per_s") << "," << r.at("optimizer_ms_per_step") << ","
         << r.at("val_loss") << "," << r.at("val_ppl") << "," << r.at("balance_loss") << "," << r.at("train_seconds")
         << "\n";
   }
@@ -546,9 +555,12 @@ int run_driver(const Settings& s, const std::vector<std::string>& passthrough) {
   }
   std::cout << "\n" << table.str() << "\n"
             << "state: optimizer state bytes (MB = 10^6 B; AdamW's from its state tensors, the others from the library);\n"
-            << "peak RSS: whole process; val ppl: per byte, on " << s.final_windows << " held-out windows of "
-            << s.model.context << "; balance: load-balancing loss (1 = uniform routing).\n"
-            << "total wall time " << duration(wall) << "\n"
+            << "peak RSS: whole process (LibTorch included); tokens/s: training, evaluation excluded; step ms: "
+               "optimizer.step() alone;\n"
+            << "val ppl: per byte, on " << s.final_windows << " held-out windows of " << s.model.context
+            << "; balance: load-balancing loss (1 = uniform routing).\n"
+            << "total wall time " << duration(wall) << "; load average " << load_before << " before, "
+            << load_average() << " after\n"
             << "results: " << fs::absolute(fs::path(s.out) / "results.csv").string() << ", "
             << fs::absolute(fs::path(s.out) / "curves.csv").string() << "\n";
   plot(s, s.optimizers);

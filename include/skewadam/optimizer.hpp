@@ -25,12 +25,14 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.hpp"
@@ -94,6 +96,7 @@ class Optimizer {
     checked_tier(tier, "tier of '" + std::string(name) + "'");
     check_param(name, param);
     check_grad(name, param, grad);
+    check_disjoint(name, param, grad);
 
     Entry e;
     e.name = std::string(name);
@@ -133,7 +136,10 @@ class Optimizer {
     entries_.push_back(std::move(e));
     try {
       index_.emplace(std::string(name), id.index);
+      const auto [lo, hi] = byte_range(param.data, param.numel(), param.dtype);
+      if (lo != hi) memory_.emplace(lo, std::pair{hi, id.index});
     } catch (...) {
+      index_.erase(std::string(name));
       entries_.pop_back();
       throw;
     }
@@ -148,6 +154,7 @@ class Optimizer {
   void set_grad(ParamId id, GradView grad) {
     Entry& e = entry(id);
     check_grad(e.name, e.param, grad);
+    check_grad_disjoint(e.name, grad);
     e.grad = grad;
   }
   void clear_grad(ParamId id) { entry(id).grad = GradView{}; }
@@ -511,6 +518,43 @@ class Optimizer {
       throw std::invalid_argument(what + " = " + std::to_string(lr) + ": must be finite and >= 0");
   }
 
+  /// Bytes [lo, hi) of a contiguous view.
+  static std::pair<std::uintptr_t, std::uintptr_t> byte_range(const void* data, index_t numel, Dtype dtype) {
+    const auto lo = reinterpret_cast<std::uintptr_t>(data);
+    return {lo, lo + static_cast<std::uintptr_t>(numel * dtype_size(dtype))};
+  }
+  /// The registered parameter whose memory overlaps [lo, hi), if any. The
+  /// registered ranges are disjoint, so only the last one starting below hi
+  /// can overlap.
+  std::optional<index_t> overlapping(std::uintptr_t lo, std::uintptr_t hi) const {
+    if (lo == hi) return std::nullopt;
+    auto it = memory_.lower_bound(hi);
+    if (it == memory_.begin()) return std::nullopt;
+    --it;
+    if (it->second.first > lo) return it->second.second;
+    return std::nullopt;
+  }
+  /// Parameters must not share memory (each would be updated once per name),
+  /// and no gradient may live in a parameter's memory (a step would read what
+  /// it has just written).
+  void check_disjoint(std::string_view name, const ParamView& p, const GradView& g) const {
+    const auto [lo, hi] = byte_range(p.data, p.numel(), p.dtype);
+    if (auto other = overlapping(lo, hi))
+      throw std::invalid_argument("param of '" + std::string(name) + "': its memory overlaps parameter '" +
+                                  entries_[static_cast<std::size_t>(*other)].name +
+                                  "' (register a shared tensor once, under one name)");
+    const auto [glo, ghi] = byte_range(g.data, g.numel(), g.dtype);
+    if (glo != ghi && glo < hi && lo < ghi)
+      throw std::invalid_argument("grad of '" + std::string(name) + "': its memory overlaps the parameter itself");
+    check_grad_disjoint(name, g);
+  }
+  void check_grad_disjoint(std::string_view name, const GradView& g) const {
+    const auto [lo, hi] = byte_range(g.data, g.numel(), g.dtype);
+    if (auto other = overlapping(lo, hi))
+      throw std::invalid_argument("grad of '" + std::string(name) + "': its memory overlaps parameter '" +
+                                  entries_[static_cast<std::size_t>(*other)].name + "'");
+  }
+
   static void check_param(std::string_view name, const ParamView& p) {
     const std::string who = "param of '" + std::string(name) + "'";
     if (p.shape.rank() < 1) throw std::invalid_argument(who + ": shape has rank 0 (a view must have rank >= 1)");
@@ -587,6 +631,8 @@ class Optimizer {
 
   std::vector<Entry> entries_;
   std::unordered_map<std::string, index_t> index_;
+  /// Registered parameters' memory: first byte -> (end, entry index).
+  std::map<std::uintptr_t, std::pair<std::uintptr_t, index_t>> memory_;
   PerTier<Hyperparameters> hyper_;
   PerTier<Schedule> schedules_;
   Backend backend_;

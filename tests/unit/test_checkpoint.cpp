@@ -301,12 +301,12 @@ TEST_CASE("loading checks names, tiers, dtypes, shapes and rules, and names ever
 }
 
 TEST_CASE("empty tensors and untouched parameters round-trip") {
-  std::vector<float> w(12, 0.5f), g(12, 0.1f);
+  std::vector<float> w(12, 0.5f), g(12, 0.1f), never(12, 0.25f);
   std::vector<bf16> none;
   auto build = [&](SkewAdam& opt) {
     opt.add("empty", Tier::experts, TensorView<bf16>(none.data(), {0, 5}));
     opt.add("w", Tier::backbone, TensorView<float>(w.data(), {3, 4}));
-    opt.add("never", Tier::router, TensorView<float>(w.data(), {12}));
+    opt.add("never", Tier::router, TensorView<float>(never.data(), {12}));
   };
   SkewAdam a(Hyperparameters{}, OptimizerOptions{.threads = 1});
   build(a);

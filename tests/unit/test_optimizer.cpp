@@ -221,6 +221,24 @@ TEST_CASE("bad input raises an exception naming the argument and changes nothing
                        doctest::Contains("experts.beta1"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(SkewAdam(Hyperparameters{.lr = nan}), doctest::Contains("backbone.lr"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(opt.set_threads(-2), doctest::Contains("threads = -2"), std::invalid_argument);
+  // memory shared with a registered parameter: a second name for it, a view
+  // of part of it (last element only), a gradient inside it
+  CHECK_THROWS_WITH_AS(opt.add("emb.tied", Tier::backbone, TensorView<float>(m.emb.data(), {50, 16})),
+                       doctest::Contains("param of 'emb.tied': its memory overlaps parameter 'emb'"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(opt.add("tail", Tier::backbone, TensorView<float>(m.experts.data() + m.experts.size() - 1, {1})),
+                       doctest::Contains("overlaps parameter 'moe.experts.w1'"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(opt.add("x", Tier::backbone, TensorView<float>(w.data(), {3, 4}),
+                               TensorView<const float>(m.router.data(), {3, 4})),
+                       doctest::Contains("grad of 'x': its memory overlaps parameter 'moe.router'"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(opt.add("x", Tier::backbone, TensorView<float>(w.data(), {3, 4}),
+                               TensorView<const float>(w.data() + 4, {3, 4})),
+                       doctest::Contains("grad of 'x': its memory overlaps the parameter itself"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(opt.set_grad(*opt.find("ln.bias"), TensorView<const float>(m.emb.data() + 16, {16})),
+                       doctest::Contains("grad of 'ln.bias': its memory overlaps parameter 'emb'"),
+                       std::invalid_argument);
 
   CHECK(opt.size() == 4);
   CHECK(opt.state_bytes() == bytes);
@@ -228,6 +246,19 @@ TEST_CASE("bad input raises an exception naming the argument and changes nothing
   CHECK(opt.steps() == 0);
   opt.step();  // still usable
   CHECK(m.all() != snapshot);
+}
+
+TEST_CASE("parameters packed back to back in one buffer, with their gradients in another") {
+  std::vector<float> flat(2 * 12 + 5, 0.5f), grads(2 * 12 + 5, 0.25f);
+  SkewAdam opt;
+  opt.add("a", Tier::backbone, TensorView<float>(flat.data() + 12, {3, 4}), TensorView<const float>(grads.data() + 12, {3, 4}));
+  opt.add("b", Tier::backbone, TensorView<float>(flat.data(), {3, 4}), TensorView<const float>(grads.data(), {3, 4}));
+  opt.add("c", Tier::router, TensorView<float>(flat.data() + 24, {5}), TensorView<const float>(grads.data() + 24, {5}));
+  CHECK(opt.size() == 3);
+  CHECK_THROWS_WITH_AS(opt.add("d", Tier::router, TensorView<float>(flat.data() + 10, {2})),
+                       doctest::Contains("overlaps parameter 'b'"), std::invalid_argument);
+  opt.step();
+  for (float x : flat) CHECK(x < 0.5f);
 }
 
 TEST_CASE("registration order does not change results") {

@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -230,4 +231,40 @@ TEST_CASE("non-contiguous and float32 gradients of bf16 parameters are accepted"
   ob.step();
   CHECK(same_bits(a, b));
   CHECK_FALSE(same_bits(a[0].second, torch::ones({4, 3}, torch::kBFloat16)));
+}
+
+TEST_CASE("a step with a non-finite gradient is skipped, or raises, as the options say") {
+  Named ps{{"w", torch::ones({3, 4})}, {"experts.w", torch::ones({2, 3, 4})}};
+  const Named before = clone(ps);
+  auto bad_grads = [&] {
+    ps[0].second.mutable_grad() = torch::ones({3, 4});
+    auto g = torch::ones({2, 3, 4});
+    g[1][2][3] = std::numeric_limits<float>::quiet_NaN();
+    ps[1].second.mutable_grad() = g;
+  };
+  SUBCASE("skip_step (default)") {
+    skewadam::libtorch::SkewAdam opt(ps);
+    bad_grads();
+    opt.step();
+    CHECK_FALSE(opt.last_step().applied);
+    REQUIRE(opt.last_step().nonfinite.has_value());
+    CHECK(opt.last_step().nonfinite->name == "experts.w");
+    CHECK(opt.last_step().nonfinite->element == 23);
+    CHECK(same_bits(ps, before));
+    CHECK(opt.steps() == 0);
+    CHECK(opt.param_state("w").step == 0);
+    ps[1].second.mutable_grad() = torch::ones({2, 3, 4});
+    opt.step();
+    CHECK(opt.last_step().applied);
+    CHECK(opt.param_state("w").step == 1);
+  }
+  SUBCASE("raise") {
+    skewadam::libtorch::Options o;
+    o.nonfinite = skewadam::NonFinitePolicy::raise;
+    skewadam::libtorch::SkewAdam opt(ps, o);
+    bad_grads();
+    CHECK_THROWS_AS(opt.step(), skewadam::NonFiniteGradientError);
+    CHECK(same_bits(ps, before));
+    CHECK_FALSE(opt.core().grad(*opt.core().find("w")).present());  // no view of a gradient kept
+  }
 }

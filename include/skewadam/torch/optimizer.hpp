@@ -32,12 +32,14 @@
 // skipped that step: its state and step count do not change. A gradient may
 // be float32 or the parameter's dtype; a non-contiguous one is copied first.
 // A tensor registered under two names (tied weights) is updated once, under
-// its first name.
+// its first name. A step with a NaN or infinite gradient is skipped as a whole
+// by default (Options::nonfinite; last_step() says which gradient).
 //
 // state(): one ParamState per parameter, whose tensors view the optimizer's
 // own state (no copy). save()/load() write and read the complete state through
-// torch::serialize archives, by parameter name; load() checks every name,
-// tier, dtype and shape before it changes anything.
+// torch::serialize archives (torch::save(optimizer, ...) works too), by
+// parameter name; load() checks every name, tier, dtype and shape before it
+// changes anything, and a resumed run continues bit for bit.
 //
 // This header is not part of <skewadam/skewadam.hpp>: it needs LibTorch.
 
@@ -52,6 +54,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -65,7 +68,9 @@
 #include <vector>
 
 #include "../hyperparameters.hpp"
+#include "../nonfinite.hpp"
 #include "../optimizer.hpp"
+#include "../optimizer_state.hpp"
 #include "../param_state.hpp"
 #include "../shape.hpp"
 #include "../state_layout.hpp"
@@ -95,6 +100,9 @@ struct Options {
   std::uint64_t seed = 0x5eed5eedULL;
   /// Threads of the optimizer step; 0: OpenMP's default.
   int threads = 0;
+  /// What a step with a NaN or infinite gradient does (nonfinite.hpp): by
+  /// default it is skipped as a whole and last_step() names the gradient.
+  NonFinitePolicy nonfinite = NonFinitePolicy::skip_step;
 
   /// Every tier with the same hyperparameters.
   static Options uniform(const Hyperparameters& h) {
@@ -302,16 +310,17 @@ class Optimizer : public ::torch::optim::Optimizer {
       : ::torch::optim::Optimizer(std::vector<::torch::optim::OptimizerParamGroup>{},
                                   std::make_unique<GroupOptions>(Tier::backbone, options.hyperparameters.backbone)),
         rules_(std::move(options.tier_rules)),
-        max_grad_norm_(options.max_grad_norm),
-        seed_(options.seed),
-        threads_(options.threads) {
+        max_grad_norm_(options.max_grad_norm) {
     if (!(max_grad_norm_ >= 0.0) || !std::isfinite(max_grad_norm_))
       throw std::invalid_argument("Options.max_grad_norm = " + std::to_string(max_grad_norm_) +
                                   ": must be finite and >= 0 (0 turns clipping off)");
     for (Tier t : all_tiers)
       validate(options.hyperparameters[t], "Options.hyperparameters." + std::string(tier_name(t)));
+    core_ = std::make_unique<core_type>(
+        options.hyperparameters, skewadam::OptimizerOptions{options.seed, options.threads, options.nonfinite});
 
     PerTier<std::vector<at::Tensor>> groups;
+    std::vector<std::unique_ptr<ParamState>> states;
     for (const auto& [name, tensor] : named_parameters) {
       const std::string who = "parameter '" + name + "'";
       if (name.empty()) throw std::invalid_argument("named_parameters: a parameter has an empty name");
@@ -326,6 +335,12 @@ class Optimizer : public ::torch::optim::Optimizer {
       p.dtype = detail::dtype_of_tensor(tensor, who);
       p.shape = detail::shape_of_tensor(tensor, who);
       p.data = tensor.data_ptr();
+      p.id = core_->add(p.name, p.tier, detail::param_view(p.tensor, p.dtype, p.shape));
+      auto state = std::make_unique<ParamState>();
+      state->name = p.name;
+      state->tier = p.tier;
+      p.state = state.get();
+      states.push_back(std::move(state));
       by_impl_.emplace(tensor.unsafeGetTensorImpl(), params_.size());
       by_name_.emplace(name, params_.size());
       groups[p.tier].push_back(tensor);
@@ -334,12 +349,17 @@ class Optimizer : public ::torch::optim::Optimizer {
     for (Tier t : all_tiers)
       add_param_group(::torch::optim::OptimizerParamGroup(
           groups[t], std::make_unique<GroupOptions>(t, options.hyperparameters[t])));
-    build_core(seed_);
+    // after the groups: add_param_group refuses parameters that have state
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      state_[detail::state_key_of<detail::TorchStateKey>(params_[i].tensor)] = std::move(states[i]);
+    refresh_views();
   }
 
   // ------------------------------------------------------------------ step
   /// One update of every parameter that has a gradient. With a closure, runs
-  /// it first (with gradients enabled) and returns its loss.
+  /// it first (with gradients enabled) and returns its loss. A step with a
+  /// non-finite gradient is skipped or raises, as Options::nonfinite says;
+  /// last_step() tells which.
   at::Tensor step(LossClosure closure = nullptr) override {
     at::Tensor loss;
     if (closure) {
@@ -350,42 +370,50 @@ class Optimizer : public ::torch::optim::Optimizer {
     for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
 
     std::vector<at::Tensor> copies;  // non-contiguous gradients, alive until the step is done
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      Param& p = params_[i];
-      const std::string who = "parameter '" + p.name + "'";
-      check_param_tensor(p, who, false);
-      const at::Tensor& g = p.tensor.grad();
-      if (!g.defined()) {
-        core_->clear_grad(p.id);
-        continue;
+    copies.reserve(params_.size());
+    try {
+      for (Param& p : params_) {
+        check_param_tensor(p, "parameter '" + p.name + "'", false);
+        const at::Tensor& g = p.tensor.grad();
+        if (!g.defined()) {
+          core_->clear_grad(p.id);
+          continue;
+        }
+        const std::string who = "gradient of '" + p.name + "'";
+        if (g.layout() != at::kStrided) throw std::invalid_argument(who + ": sparse gradients are not supported");
+        if (!g.device().is_cpu())
+          throw std::invalid_argument(who + ": on " + g.device().str() + "; it must be a CPU tensor");
+        if (g.sizes() != p.tensor.sizes()) throw std::invalid_argument(who + ": its sizes differ from the parameter's");
+        const Dtype gd = detail::dtype_of_tensor(g, who);
+        if (gd != Dtype::f32 && gd != p.dtype)
+          throw std::invalid_argument(who + ": dtype " + std::string(dtype_name(gd)) +
+                                      " must be float32 or the parameter's (" + std::string(dtype_name(p.dtype)) +
+                                      ")");
+        const at::Tensor* src = &g;
+        if (!g.is_contiguous()) {
+          copies.push_back(g.contiguous());
+          src = &copies.back();
+        }
+        core_->set_grad(p.id, detail::grad_view(*src, gd, p.shape));
       }
-      const std::string gwho = "gradient of '" + p.name + "'";
-      if (g.layout() != at::kStrided) throw std::invalid_argument(gwho + ": sparse gradients are not supported");
-      if (!g.device().is_cpu())
-        throw std::invalid_argument(gwho + ": on " + g.device().str() + "; it must be a CPU tensor");
-      if (g.sizes() != p.tensor.sizes())
-        throw std::invalid_argument(gwho + ": its sizes differ from the parameter's");
-      const Dtype gd = detail::dtype_of_tensor(g, gwho);
-      if (gd != Dtype::f32 && gd != p.dtype)
-        throw std::invalid_argument(gwho + ": dtype " + std::string(dtype_name(gd)) +
-                                    " must be float32 or the parameter's (" + std::string(dtype_name(p.dtype)) + ")");
-      const at::Tensor* src = &g;
-      if (!g.is_contiguous()) {
-        copies.push_back(g.contiguous());
-        src = &copies.back();
-      }
-      core_->set_grad(p.id, detail::grad_view(*src, gd, p.shape));
+      if (max_grad_norm_ > 0.0) core_->clip_grad_norm(max_grad_norm_);
+      last_step_ = core_->step();
+    } catch (...) {
+      core_->clear_grads();  // never keep views of gradients past this call
+      throw;
     }
-    if (max_grad_norm_ > 0.0) core_->clip_grad_norm(max_grad_norm_);
-    core_->step();
+    core_->clear_grads();
     for (Param& p : params_) {
       const std::int64_t s = core_->state(p.id).step;
       if (s != p.state->step) p.tensor.unsafeGetTensorImpl()->bump_version();  // written in place
       p.state->step = s;
     }
-    core_->clear_grads();
     return loss;
   }
+
+  /// What the last step() did: applied, or skipped for a non-finite gradient
+  /// (which one, where) under NonFinitePolicy::skip_step.
+  const StepReport& last_step() const noexcept { return last_step_; }
 
   // ------------------------------------------------------------ inspection
   /// The tier a name is assigned by this optimizer's rules.
@@ -393,6 +421,7 @@ class Optimizer : public ::torch::optim::Optimizer {
   /// Registered parameters, in registration order.
   std::vector<std::string> names() const {
     std::vector<std::string> n;
+    n.reserve(params_.size());
     for (const Param& p : params_) n.push_back(p.name);
     return n;
   }
@@ -412,26 +441,26 @@ class Optimizer : public ::torch::optim::Optimizer {
   }
   /// Sets the learning rate of every tier.
   void set_lr(double lr) {
-    for (Tier t : all_tiers) {
-      if (!(lr >= 0.0) || !std::isfinite(lr))
-        throw std::invalid_argument("lr = " + std::to_string(lr) + ": must be finite and >= 0");
-      group_options(t).set_lr(lr);
-    }
+    if (!(lr >= 0.0) || !std::isfinite(lr))
+      throw std::invalid_argument("lr = " + std::to_string(lr) + ": must be finite and >= 0");
+    for (Tier t : all_tiers) group_options(t).set_lr(lr);
   }
   double max_grad_norm() const noexcept { return max_grad_norm_; }
-  std::uint64_t seed() const noexcept { return seed_; }
+  std::uint64_t seed() const noexcept { return core_->seed(); }
   /// Steps taken so far.
   std::int64_t steps() const noexcept { return core_->steps(); }
 
   // --------------------------------------------------------- save and load
   /// Writes the complete state: format version, the rules' state layouts,
   /// seed, step count, each tier's hyperparameters, and per parameter (by
-  /// name) its tier, dtype, shape, step count and state arrays.
+  /// name) its tier, dtype, shape, step count, rounding stream and state
+  /// arrays (fp32, in their logical shapes).
   void save(::torch::serialize::OutputArchive& archive) const override {
+    const OptimizerState state = core_->export_state();
     archive.write("skewadam_format", c10::IValue(archive_format_version));
     archive.write("layouts", c10::IValue(layouts()));
-    archive.write("seed", c10::IValue(static_cast<std::int64_t>(seed_)));
-    archive.write("steps", c10::IValue(static_cast<std::int64_t>(core_->steps())));
+    archive.write("seed", c10::IValue(static_cast<std::int64_t>(state.seed)));
+    archive.write("steps", c10::IValue(state.steps));
     ::torch::serialize::OutputArchive groups(archive.compilation_unit());
     for (Tier t : all_tiers) {
       ::torch::serialize::OutputArchive g(archive.compilation_unit());
@@ -443,15 +472,22 @@ class Optimizer : public ::torch::optim::Optimizer {
     ::torch::serialize::OutputArchive list(archive.compilation_unit());
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const Param& p = params_[i];
+      const OptimizerState::Param& s = state.params[static_cast<std::size_t>(p.id.index)];
       ::torch::serialize::OutputArchive a(archive.compilation_unit());
       a.write("name", c10::IValue(p.name));
       a.write("tier", c10::IValue(static_cast<std::int64_t>(tier_index(p.tier))));
       a.write("dtype", c10::IValue(std::string(dtype_name(p.dtype))));
       a.write("shape", c10::IValue(std::vector<std::int64_t>(p.shape.begin(), p.shape.end())));
-      ParamState copy = *p.state;
-      for (at::Tensor* t : {&copy.m, &copy.v, &copy.v_row, &copy.v_col})
-        if (t->defined()) *t = t->clone();  // the archive must not alias live state
-      copy.serialize(a);
+      a.write("step", c10::IValue(s.state.step));
+      a.write("rounding_stream", c10::IValue(static_cast<std::int64_t>(s.rounding_stream)));
+      const detail::StateShapes shapes = detail::state_shapes(p.shape);
+      auto write = [&](const char* key, const std::vector<float>& values, const std::vector<std::int64_t>& sizes) {
+        if (!values.empty()) a.write(key, detail::view_of(values, sizes).clone(), true);
+      };
+      write("m", s.state.m, shapes.full);
+      write("v", s.state.v, shapes.full);
+      write("v_row", s.state.v_row, shapes.rows);
+      write("v_col", s.state.v_col, shapes.cols);
       list.write(std::to_string(i), a);
     }
     archive.write("params", list);
@@ -460,6 +496,8 @@ class Optimizer : public ::torch::optim::Optimizer {
   /// Reads what save() wrote. Every name, tier, dtype, shape and array size is
   /// checked against the registered parameters first; on any mismatch it
   /// throws std::invalid_argument saying what differs, and nothing changes.
+  /// The state arrays are replaced: tensors taken from state() or
+  /// param_state() before load() no longer view the optimizer's state.
   void load(::torch::serialize::InputArchive& archive) override {
     const std::int64_t format = read_int(archive, "skewadam_format");
     if (format != archive_format_version)
@@ -469,9 +507,10 @@ class Optimizer : public ::torch::optim::Optimizer {
     if (saved_layouts != layouts())
       throw std::invalid_argument("archive: written by an optimizer with state layouts {" + saved_layouts +
                                   "}, this one has {" + layouts() + "}");
-    const auto seed = static_cast<std::uint64_t>(read_int(archive, "seed"));
-    const std::int64_t steps = read_int(archive, "steps");
-    if (steps < 0) throw std::invalid_argument("archive: negative step count");
+    OptimizerState next;
+    next.seed = static_cast<std::uint64_t>(read_int(archive, "seed"));
+    next.steps = read_int(archive, "steps");
+    if (next.steps < 0) throw std::invalid_argument("archive: negative step count");
 
     ::torch::serialize::InputArchive groups;
     archive.read("hyperparameters", groups);
@@ -483,6 +522,7 @@ class Optimizer : public ::torch::optim::Optimizer {
       if (hyper[t].tier() != t)
         throw std::invalid_argument("archive: hyperparameters of " + std::string(tier_name(t)) + " name tier " +
                                     std::string(tier_name(hyper[t].tier())));
+      next.hyperparameters[static_cast<std::size_t>(tier_index(t))] = hyper[t].hyperparameters();
     }
 
     const std::int64_t count = read_int(archive, "count");
@@ -491,7 +531,7 @@ class Optimizer : public ::torch::optim::Optimizer {
                                   std::to_string(params_.size()));
     ::torch::serialize::InputArchive list;
     archive.read("params", list);
-    std::vector<ParamState> loaded(params_.size());
+    next.params.resize(params_.size());
     std::vector<bool> seen(params_.size(), false);
     for (std::int64_t i = 0; i < count; ++i) {
       ::torch::serialize::InputArchive a;
@@ -515,27 +555,25 @@ class Optimizer : public ::torch::optim::Optimizer {
       const std::vector<std::int64_t> want(p.shape.begin(), p.shape.end());
       if (!shape.isIntList() || shape.toIntVector() != want)
         throw std::invalid_argument(who + ": saved with another shape than the registered " + p.shape.str());
-      ParamState& s = loaded[static_cast<std::size_t>(it->second)];
-      s.step = read_int(a, "step");
-      if (s.step < 0 || s.step > steps) throw std::invalid_argument(who + ": step count out of range");
+      OptimizerState::Param& s = next.params[static_cast<std::size_t>(p.id.index)];
+      s.state.step = read_int(a, "step");
+      if (s.state.step < 0 || s.state.step > next.steps)
+        throw std::invalid_argument(who + ": step count out of range");
+      const std::int64_t stream = read_int(a, "rounding_stream");
+      if (stream < 0 || stream > static_cast<std::int64_t>(std::numeric_limits<std::uint32_t>::max()))
+        throw std::invalid_argument(who + ": rounding stream out of range");
+      s.rounding_stream = static_cast<std::uint32_t>(stream);
       const ParamStateView live = core_->state(p.id);
-      read_array(a, "m", live.m.size(), who, s.m);
-      read_array(a, "v", live.v.size(), who, s.v);
-      read_array(a, "v_row", live.v_row.size(), who, s.v_row);
-      read_array(a, "v_col", live.v_col.size(), who, s.v_col);
+      read_array(a, "m", live.m.size(), who, s.state.m);
+      read_array(a, "v", live.v.size(), who, s.state.v);
+      read_array(a, "v_row", live.v_row.size(), who, s.state.v_row);
+      read_array(a, "v_col", live.v_col.size(), who, s.state.v_col);
     }
 
-    // Everything checked: now change. The library optimizer is rebuilt unless
-    // it is untouched and has the saved seed, so tensors taken from state()
-    // before load() may no longer be valid after it.
+    // Everything checked; import_state checks again and changes nothing on error.
+    core_->import_state(std::move(next));
     for (Tier t : all_tiers) group_options(t) = hyper[t];
-    bool fresh = core_->steps() == 0;
-    for (const Param& p : params_) fresh = fresh && core_->state(p.id).step == 0;
-    if (seed != seed_ || !fresh) {
-      seed_ = seed;
-      build_core(seed_);
-    }
-    restore(loaded, steps);
+    refresh_views();
   }
 
  private:
@@ -612,79 +650,16 @@ class Optimizer : public ::torch::optim::Optimizer {
                                   "skewadam::libtorch takes parameters only by name, at construction");
   }
 
-  /// (Re)creates the library optimizer and registers every parameter.
-  void build_core(std::uint64_t seed) {
-    PerTier<Hyperparameters> h;
-    if (param_groups_.size() == static_cast<std::size_t>(tier_count))
-      for (Tier t : all_tiers) h[t] = group_options(t).hyperparameters();
-    auto core = std::make_unique<core_type>(h, skewadam::OptimizerOptions{seed, threads_});
-    for (Param& p : params_) p.id = core->add(p.name, p.tier, detail::param_view(p.tensor, p.dtype, p.shape));
-    core_ = std::move(core);
+  /// Points every ParamState's tensors at the library's state arrays.
+  void refresh_views() {
     for (Param& p : params_) {
-      auto s = std::make_unique<ParamState>();
-      s->name = p.name;
-      s->tier = p.tier;
       const ParamStateView live = core_->state(p.id);
-      s->step = live.step;
       const detail::StateShapes shapes = detail::state_shapes(p.shape);
-      s->m = detail::view_of(live.m, shapes.full);
-      s->v = detail::view_of(live.v, shapes.full);
-      s->v_row = detail::view_of(live.v_row, shapes.rows);
-      s->v_col = detail::view_of(live.v_col, shapes.cols);
-      p.state = s.get();
-      state_[detail::state_key_of<detail::TorchStateKey>(p.tensor)] = std::move(s);
-    }
-  }
-
-  /// Puts `loaded` into a fresh library optimizer and sets the step counts.
-  ///
-  /// The library has no setter for step counts yet, so they are reached by
-  /// no-op steps: a zero gradient at lr 0 leaves every parameter bit for bit
-  /// as it is (p * 1 - 0 * 0, and stochastic rounding keeps a representable
-  /// value), while each step advances t. The arrays are written afterwards.
-  /// This costs one pass over the parameters per saved step.
-  void restore(const std::vector<ParamState>& loaded, std::int64_t steps) {
-    const PerTier<Hyperparameters> kept{core_->hyperparameters(Tier::backbone),
-                                        core_->hyperparameters(Tier::experts),
-                                        core_->hyperparameters(Tier::router)};
-    index_t largest = 0;
-    for (const Param& p : params_) largest = std::max(largest, p.shape.numel());
-    std::int64_t max_step = 0;
-    for (const ParamState& s : loaded) max_step = std::max(max_step, s.step);
-    if (max_step > 0) {
-      std::vector<float> zeros(static_cast<std::size_t>(largest), 0.0f);
-      for (Tier t : all_tiers) {
-        Hyperparameters h = kept[t];
-        h.lr = 0.0;
-        core_->set_hyperparameters(t, h);
-      }
-      for (std::int64_t k = 1; k <= max_step; ++k) {
-        for (std::size_t i = 0; i < params_.size(); ++i) {
-          const Param& p = params_[i];
-          if (loaded[i].step >= k) {
-            GradView g;
-            g.data = zeros.data();
-            g.dtype = Dtype::f32;
-            g.shape = p.shape;
-            core_->set_grad(p.id, g);
-          } else {
-            core_->clear_grad(p.id);
-          }
-        }
-        core_->step();
-      }
-      core_->clear_grads();
-      for (Tier t : all_tiers) core_->set_hyperparameters(t, kept[t]);
-    }
-    for (std::int64_t k = max_step; k < steps; ++k) core_->step();  // steps in which nothing had a gradient
-
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      Param& p = params_[i];
-      for (auto [dst, src] : {std::pair{&p.state->m, &loaded[i].m}, std::pair{&p.state->v, &loaded[i].v},
-                              std::pair{&p.state->v_row, &loaded[i].v_row},
-                              std::pair{&p.state->v_col, &loaded[i].v_col}})
-        if (dst->defined()) std::memcpy(dst->data_ptr(), src->data_ptr(), static_cast<std::size_t>(dst->numel()) * 4);
-      p.state->step = core_->state(p.id).step;
+      p.state->step = live.step;
+      p.state->m = detail::view_of(live.m, shapes.full);
+      p.state->v = detail::view_of(live.v, shapes.full);
+      p.state->v_row = detail::view_of(live.v_row, shapes.rows);
+      p.state->v_col = detail::view_of(live.v_col, shapes.cols);
     }
   }
 
@@ -700,11 +675,12 @@ class Optimizer : public ::torch::optim::Optimizer {
   }
   /// Reads an fp32 array of `size` elements (absent when size is 0).
   static void read_array(::torch::serialize::InputArchive& a, const std::string& key, std::size_t size,
-                         const std::string& who, at::Tensor& out) {
+                         const std::string& who, std::vector<float>& out) {
     at::Tensor t;
     const bool present = a.try_read(key, t, true);
     if (size == 0) {
-      if (present) throw std::invalid_argument(who + ": has state '" + key + "', which this optimizer's rule does not keep");
+      if (present)
+        throw std::invalid_argument(who + ": has state '" + key + "', which this optimizer's rule does not keep");
       return;
     }
     if (!present) throw std::invalid_argument(who + ": state '" + key + "' is missing");
@@ -712,17 +688,17 @@ class Optimizer : public ::torch::optim::Optimizer {
       throw std::invalid_argument(who + ": state '" + key + "' has " + std::to_string(t.numel()) + " elements of " +
                                   std::string(c10::toString(t.scalar_type())) + ", expected " + std::to_string(size) +
                                   " of Float");
-    out = t.contiguous();
+    const at::Tensor c = t.contiguous();
+    out.assign(c.data_ptr<float>(), c.data_ptr<float>() + size);
   }
 
   TierAssigner rules_;
   double max_grad_norm_ = 0.0;
-  std::uint64_t seed_ = 0;
-  int threads_ = 0;
   std::vector<Param> params_;
   std::unordered_map<std::string, std::size_t> by_name_;
   std::unordered_map<const void*, std::size_t> by_impl_;
   std::unique_ptr<core_type> core_;
+  StepReport last_step_{};
 };
 
 // ----------------------------------------------------------------- variants

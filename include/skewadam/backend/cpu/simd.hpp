@@ -32,16 +32,7 @@ namespace skewadam::vmath {
 template <class A>
 struct ops<xsimd::batch<float, A>> {
   using B = xsimd::batch<float, A>;
-// GCC 12 reports its own _mm512_sqrt_ps (which starts from an undefined
-// vector) as maybe-uninitialized once inlined; the value is fully written.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
   static SKEWADAM_ALWAYS_INLINE B sqrt(const B& x) { return xsimd::sqrt(x); }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
   static SKEWADAM_ALWAYS_INLINE B floor_at(const B& x, const B& f) { return xsimd::select(x < f, f, x); }
   static SKEWADAM_ALWAYS_INLINE B broadcast(float x) { return B(x); }
 };
