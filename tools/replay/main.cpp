@@ -18,6 +18,13 @@
 // --out writes what this run computed: params.npy holds the steps it ran
 // (all N unless --stop-after or --load), the state files the state after the
 // last of them.
+//
+// Sharded (built with SKEWADAM_WITH_MPI), under mpirun -np N:
+//   --shard          run the case on a ShardedOptimizer over MPI_COMM_WORLD
+//                    (dist/sharded_optimizer.hpp); rank 0 reports and writes
+//                    --out; --stop-after, --save and --load work as above
+//                    (checkpoints saved with any rank count load with any)
+//   --expert-rows    shard a bank [E, r, c] by rows instead of whole experts
 
 #include <CLI/CLI.hpp>
 
@@ -35,6 +42,9 @@
 
 #include <skewadam/checkpoint.hpp>
 #include <skewadam_tools/golden_case.hpp>
+#if defined(SKEWADAM_REPLAY_WITH_MPI)
+#include "sharded_replay.hpp"
+#endif
 
 namespace {
 
@@ -52,6 +62,8 @@ struct Options {
   std::string save;
   std::string load;
   std::optional<std::int64_t> resume_at;
+  bool shard = false;
+  bool expert_rows = false;
 };
 
 /// A file in the temp folder, removed when done.
@@ -147,8 +159,51 @@ void write_outputs(const GoldenCase& c, const CaseRun& run, std::int64_t first, 
     write_npy(out / (name + ".npy"), skewadam::tools::detail::state_shape(name, c.shape), values.data());
 }
 
+#if defined(SKEWADAM_REPLAY_WITH_MPI)
+template <class Rule>
+int replay_sharded(const GoldenCase& c, const Options& o) {
+  ShardedReplayOptions so{.expert_rows = o.expert_rows, .stop_after = o.stop_after, .save = o.save, .load = o.load,
+                          .case_key = case_key};
+  const ShardedReplayResult r = run_sharded_case<Rule>(c, so);
+  const auto checks = check_steps(c, r.run, r.first, r.last);
+  bool ok = true;
+  for (const auto& a : checks) ok = ok && a.ok;
+  if (r.rank != 0) return ok ? 0 : 1;
+  std::printf("%s: %lld steps, shape [", c.name.c_str(), static_cast<long long>(c.steps));
+  for (std::size_t i = 0; i < c.shape.size(); ++i)
+    std::printf("%s%lld", i ? ", " : "", static_cast<long long>(c.shape[i]));
+  std::printf("], momentum %s, factored %s, clip scope %s, sharded over %d ranks (%s)\n", c.momentum ? "yes" : "no",
+              c.factored ? "yes" : "no", c.hyper.clip_scope == ClipScope::matrix ? "matrix" : "tensor", r.ranks,
+              r.split.c_str());
+  std::printf("  steps %lld..%lld", static_cast<long long>(r.first + 1), static_cast<long long>(r.last));
+  if (!o.load.empty()) std::printf(", loaded %s", o.load.c_str());
+  if (!o.save.empty()) std::printf(", saved to %s", o.save.c_str());
+  std::printf("\n  state bytes per rank:");
+  for (index_t b : r.state_bytes) std::printf(" %lld", static_cast<long long>(b));
+  std::printf("; exchanged per step: %lld bytes from each rank\n", static_cast<long long>(r.exchange_bytes));
+  for (const auto& a : checks) {
+    if (!a.problem.empty())
+      std::printf("  %-8s FAIL: %s\n", a.array.c_str(), a.problem.c_str());
+    else
+      std::printf("  %-8s worst error %.4f of tolerance (at index %lld) %s\n", a.array.c_str(), a.worst,
+                  static_cast<long long>(a.worst_index), a.ok ? "ok" : "FAIL");
+  }
+  if (!o.out_dir.empty()) write_outputs(c, r.run, r.first, r.last, o.out_dir);
+  std::printf("%s\n", ok ? "PASS" : "FAIL");
+  std::fflush(stdout);
+  return ok ? 0 : 1;
+}
+#endif
+
 template <class Rule>
 int replay(const GoldenCase& c, const Options& o) {
+  if (o.shard) {
+#if defined(SKEWADAM_REPLAY_WITH_MPI)
+    return replay_sharded<Rule>(c, o);
+#else
+    throw CaseError("--shard: this skewadam-replay was built without MPI (SKEWADAM_WITH_MPI)");
+#endif
+  }
   CaseRun run;
   std::int64_t first = 0, last = c.steps;
   std::string how;
@@ -220,6 +275,10 @@ int main(int argc, char** argv) {
   auto* resume = app.add_option("--resume-at", o.resume_at,
                                 "run steps 1..K, save, load into a fresh optimizer, run the rest");
   resume->excludes(stop)->excludes(save)->excludes(load);
+  auto* shard = app.add_flag("--shard", o.shard, "run sharded over the MPI ranks (under mpirun)");
+  app.add_flag("--expert-rows", o.expert_rows, "with --shard: shard an expert bank by rows, not by experts")
+      ->needs(shard);
+  shard->excludes(resume);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -50,6 +50,11 @@ struct TensorTask {
   index_t row_blocks = 1;             ///< factored, B == 1: row blocks of the matrix
   index_t chunks_per_matrix = 1;      ///< element-wise: chunks per matrix
   const KernelTable* kernel = nullptr;
+  /// Flat index, in the whole parameter, of this task's element 0: the
+  /// stochastic-rounding bits of element k are those of element
+  /// element_base + k. Nonzero only when the task is a slice of a larger
+  /// tensor (a shard, dist/sharded_optimizer.hpp).
+  index_t element_base = 0;
 };
 
 /// One piece of work. Factored: rows [begin, end) of matrix `matrix`, block

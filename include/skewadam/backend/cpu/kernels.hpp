@@ -88,9 +88,10 @@ struct Kernels {
     float* v;
     index_t rows;
     index_t cols;
+    index_t element_base;
     explicit Ctx(const TensorTask& t)
         : s(t.scalars), g(static_cast<const G*>(t.grad)), p(static_cast<P*>(t.param)), m(t.m), v(t.v),
-          rows(t.geom.rows), cols(t.geom.cols) {}
+          rows(t.geom.rows), cols(t.geom.cols), element_base(t.element_base) {}
   };
 
   // ----------------------------------------------------------- element access
@@ -115,7 +116,7 @@ struct Kernels {
   static SKEWADAM_ALWAYS_INLINE void update_param(const Ctx& x, index_t off, const W& step, Rng& rng) {
     P* p = x.p + off;
     const W pn = load_as<W>(p) * vmath::splat<W>(x.s.decay) - step;
-    store_param<R>(p, pn, off, rng);
+    store_param<R>(p, pn, x.element_base + off, rng);
   }
 
   // ------------------------------------------------------- element-wise rule

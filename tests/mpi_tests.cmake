@@ -1,0 +1,100 @@
+# Sharded optimizer over MPI (SKEWADAM_WITH_MPI): every golden case at 1, 2, 3
+# and 4 ranks, checked by skewadam-replay and by the independent checker;
+# expert banks sharded by rows too; checkpoints saved with 2 ranks resumed
+# with 3 and in one process; the sharded optimizer against the single-process
+# one on a mixed model.
+#
+# More ranks than cores (CI has 2) need Open MPI's --oversubscribe; as root it
+# also needs --allow-run-as-root. Ranks on one machine talk through shared
+# memory; the single-copy mechanism (CMA) is off, as containers often forbid it.
+
+set(_mpiexec ${MPIEXEC_EXECUTABLE})
+set(_mpi_flags ${MPIEXEC_PREFLAGS})
+execute_process(COMMAND ${MPIEXEC_EXECUTABLE} --version OUTPUT_VARIABLE _mpi_version ERROR_QUIET)
+if(_mpi_version MATCHES "Open MPI|OpenRTE")
+  list(APPEND _mpi_flags --allow-run-as-root --oversubscribe)
+  set(_mpi_env OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1)
+else()
+  set(_mpi_env "")
+endif()
+
+# add_mpi_test(NAME RANKS COMMAND...)
+function(skewadam_add_mpi_test name ranks)
+  add_test(NAME ${name} COMMAND ${_mpiexec} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${_mpi_flags} ${ARGN})
+  set(_procs ${ranks})
+  if(_procs GREATER 2)
+    set(_procs 2)
+  endif()
+  set_tests_properties(${name} PROPERTIES PROCESSORS ${_procs} TIMEOUT 120 LABELS mpi ENVIRONMENT "${_mpi_env}")
+endfunction()
+
+foreach(_case IN LISTS _golden_cases)
+  if(NOT IS_DIRECTORY ${_case} OR NOT EXISTS ${_case}/case.json)
+    continue()
+  endif()
+  get_filename_component(_name ${_case} NAME)
+  foreach(_ranks 1 2 3 4)
+    set(_out ${CMAKE_CURRENT_BINARY_DIR}/golden-mpi-out/${_name}-n${_ranks})
+    skewadam_add_mpi_test(golden-mpi/${_name}/ranks-${_ranks} ${_ranks}
+                          $<TARGET_FILE:skewadam-replay> ${_case} --shard --out ${_out})
+    add_test(NAME golden-mpi/${_name}/ranks-${_ranks}/independent-check
+             COMMAND ${SKEWADAM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/check_golden.py ${_case} ${_out})
+    set_tests_properties(golden-mpi/${_name}/ranks-${_ranks}/independent-check PROPERTIES
+                         DEPENDS golden-mpi/${_name}/ranks-${_ranks} LABELS mpi)
+  endforeach()
+endforeach()
+
+# Expert banks [E, r, c] sharded by rows instead of whole experts.
+foreach(_name IN ITEMS bank3d_tensor_clip bank3d_matrix_clip uniform_3d)
+  if(EXISTS ${SKEWADAM_GOLDEN_DIR}/${_name}/case.json)
+    skewadam_add_mpi_test(golden-mpi/${_name}/ranks-3/expert-rows 3
+                          $<TARGET_FILE:skewadam-replay> ${SKEWADAM_GOLDEN_DIR}/${_name} --shard --expert-rows)
+  endif()
+endforeach()
+
+# Checkpoints: saved by 2 ranks after step 12, resumed by 3 ranks (and, for a
+# 2-D case, by one process without --shard); the resumed steps must match the
+# golden ones.
+set(_ckpt_dir ${CMAKE_CURRENT_BINARY_DIR}/mpi-checkpoints)
+file(MAKE_DIRECTORY ${_ckpt_dir})
+foreach(_name IN ITEMS backbone_2d bank3d_tensor_clip router_2d)
+  if(NOT EXISTS ${SKEWADAM_GOLDEN_DIR}/${_name}/case.json)
+    continue()
+  endif()
+  set(_case ${SKEWADAM_GOLDEN_DIR}/${_name})
+  set(_file ${_ckpt_dir}/${_name}-n2.ckpt)
+  skewadam_add_mpi_test(checkpoint-mpi/${_name}/save-2-ranks 2
+                        $<TARGET_FILE:skewadam-replay> ${_case} --shard --stop-after 12 --save ${_file})
+  set_tests_properties(checkpoint-mpi/${_name}/save-2-ranks PROPERTIES FIXTURES_SETUP ckpt-mpi-${_name})
+  skewadam_add_mpi_test(checkpoint-mpi/${_name}/resume-3-ranks 3
+                        $<TARGET_FILE:skewadam-replay> ${_case} --shard --load ${_file}
+                        --out ${_ckpt_dir}/${_name}-resumed)
+  set_tests_properties(checkpoint-mpi/${_name}/resume-3-ranks PROPERTIES FIXTURES_REQUIRED ckpt-mpi-${_name}
+                       PASS_REGULAR_EXPRESSION "steps 13\\.\\.30, loaded .*PASS")
+  if(NOT _name MATCHES "bank")
+    add_test(NAME checkpoint-mpi/${_name}/resume-1-process
+             COMMAND skewadam-replay ${_case} --load ${_file})
+    set_tests_properties(checkpoint-mpi/${_name}/resume-1-process PROPERTIES FIXTURES_REQUIRED ckpt-mpi-${_name}
+                         LABELS mpi PASS_REGULAR_EXPRESSION "loaded .*steps 13\\.\\.30.*PASS")
+  endif()
+endforeach()
+
+# The sharded optimizer against the single-process one, on a mixed model.
+add_executable(skewadam-mpi-tests ${CMAKE_CURRENT_SOURCE_DIR}/mpi/test_sharded_mpi.cpp)
+target_link_libraries(skewadam-mpi-tests PRIVATE skewadam::skewadam skewadam_warnings MPI::MPI_CXX)
+foreach(_ranks 2 3 4)
+  skewadam_add_mpi_test(unit-mpi/sharded-vs-single/ranks-${_ranks} ${_ranks} $<TARGET_FILE:skewadam-mpi-tests>)
+endforeach()
+
+# The example trains across 2 processes and its loss goes down.
+if(TARGET sharded_training)
+  skewadam_add_mpi_test(examples/sharded_training 2 $<TARGET_FILE:sharded_training> --steps 300)
+endif()
+
+# The MPI communicator's header compiles alone.
+file(CONFIGURE OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/header_alone_mpi/mpi_communicator.cpp
+     CONTENT "#include <skewadam/mpi/communicator.hpp>\n#include <skewadam/mpi/communicator.hpp>\n")
+add_library(skewadam-headers-alone-mpi OBJECT ${CMAKE_CURRENT_BINARY_DIR}/header_alone_mpi/mpi_communicator.cpp)
+target_link_libraries(skewadam-headers-alone-mpi PRIVATE skewadam::skewadam skewadam_warnings MPI::MPI_CXX)
+add_test(NAME headers/compile-alone-mpi
+         COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target skewadam-headers-alone-mpi)
