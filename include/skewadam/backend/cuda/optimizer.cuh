@@ -18,8 +18,9 @@
 // one ordinary step() has uploaded the tensor table, and as long as no
 // gradient pointer changes).
 //
-// Registration (add, set_grad of a new pointer) may allocate and synchronize;
-// step() does neither. Invalid input throws std::invalid_argument naming the
+// Registration (add) allocates and synchronizes the device; set_grad() and
+// step() do neither (a changed gradient pointer is uploaded by the next step,
+// in stream order). Invalid input throws std::invalid_argument naming the
 // argument, before anything changes; CUDA errors throw std::runtime_error.
 //
 // Gradients are in the parameter's dtype. Not (yet) on the GPU: non-finite
@@ -199,6 +200,9 @@ class Optimizer {
     index_.emplace(std::string(name), id.index);
     entries_.push_back(std::move(e));
     rebuild();
+    // cudaMemset and pageable cudaMemcpy may still be in flight on the
+    // legacy stream, which a non-blocking stream does not wait for
+    backend::cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     return id;
   }
 
