@@ -37,11 +37,11 @@
 #include <unistd.h>
 #endif
 
-#include <skewadam/checkpoint.hpp>
-#include <skewadam_tools/golden_case.hpp>
 #if defined(SKEWADAM_REPLAY_WITH_CUDA)
 #include <skewadam_tools/cuda_golden.hpp>
 #endif
+#include <skewadam/checkpoint.hpp>
+#include <skewadam_tools/golden_case.hpp>
 
 namespace {
 
@@ -55,11 +55,11 @@ struct Options {
   std::string case_dir;
   std::string out_dir;
   int threads = 1;
+  std::string backend = "cpu";
   std::optional<std::int64_t> stop_after;
   std::string save;
   std::string load;
   std::optional<std::int64_t> resume_at;
-  std::string backend = "cpu";
 };
 
 /// A file in the temp folder, removed when done.
@@ -253,14 +253,14 @@ int main(int argc, char** argv) {
   app.add_option("case", o.case_dir, "case folder (case.json, param0.npy, grads.npy, ...)")->required();
   app.add_option("--out", o.out_dir, "write the computed params.npy and state files here, golden layout");
   app.add_option("--threads", o.threads, "CPU threads (0: hardware)")->check(CLI::NonNegativeNumber);
+  app.add_option("--backend", o.backend, "cpu, or cuda: run the case on the GPU")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   auto* stop = app.add_option("--stop-after", o.stop_after, "run steps 1..K only");
   auto* save = app.add_option("--save", o.save, "after the last step run, save the parameter and optimizer state");
   auto* load = app.add_option("--load", o.load, "start from a checkpoint saved by --save for this case");
   auto* resume = app.add_option("--resume-at", o.resume_at,
                                 "run steps 1..K, save, load into a fresh optimizer, run the rest");
   resume->excludes(stop)->excludes(save)->excludes(load);
-  app.add_option("--backend", o.backend, "cpu, or cuda: run the case on the GPU")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
