@@ -17,9 +17,10 @@
 //               D_j += n_ij^2 / R_i while the group's rows are in L1/L2 (the
 //               algebra of backend/cpu/kernels.hpp: sum u^2 needs no extra
 //               pass over memory).
-//   vbar        one block per matrix: vbar, and which row blocks hold rows
-//               where the eps floor binds.
-//   columns     C_j from the column partials, 1 / col_j, and
+//   vbar        one block per matrix: vbar, and (a warp per row block)
+//               which row blocks hold rows where the eps floor binds.
+//   columns     32 columns per block, the block's warps splitting the row
+//               blocks: C_j from the column partials, 1 / col_j, and
 //               sum_k D_kj / col_j^2; row blocks holding floored rows are
 //               re-read for their columns and those rows' terms are formed
 //               exactly (rare).
@@ -56,8 +57,9 @@ inline constexpr int block_warps = block_threads / 32;
 inline constexpr index_t chunk_elems = index_t{1} << 14;
 /// Target elements per row block of a factored matrix.
 inline constexpr index_t row_block_elems = index_t{1} << 16;
-/// Columns per block of the columns kernel.
-inline constexpr index_t column_block = block_threads;
+/// Columns per block of the columns kernel (a warp's width; the block's
+/// warps split the row blocks).
+inline constexpr index_t column_block = 32;
 
 /// Per-step values of one tensor, written on the device by prepare_kernel.
 struct TaskStep {
@@ -278,61 +280,100 @@ struct Math {
     const float vbar = S::vbar(static_cast<float>(acc[0] / static_cast<double>(r)));
     if (threadIdx.x == 0) t.vbar[b] = vbar;
     if constexpr (C::active) {
+      // a warp per row block (no block-wide barrier per row block)
       const index_t nb = t.row_blocks;
-      for (index_t k = 0; k < nb; ++k) {
+      const int lane = static_cast<int>(threadIdx.x & 31u);
+      for (index_t k = threadIdx.x >> 5; k < nb; k += block_warps) {
         int any = 0;
-        for (index_t i = r * k / nb + threadIdx.x; i < r * (k + 1) / nb; i += blockDim.x)
+        for (index_t i = r * k / nb + lane; i < r * (k + 1) / nb; i += 32)
           any |= static_cast<int>(rs[i] > 0.0f && S::row_floored(rs[i], vbar, s));
-        any = __syncthreads_or(any);
-        if (threadIdx.x == 0) t.floored[b * nb + k] = any;
+        any = __any_sync(0xffffffffu, any);
+        if (lane == 0) t.floored[b * nb + k] = any;
       }
     }
   }
 
-  /// Column j of matrix b: C_j, 1 / col_j and the clip terms.
-  static __device__ void factored_column(const DeviceTask& t, const StepScalars& s, index_t b, index_t j) {
+  /// Columns [it.begin, it.end) (at most 32) of matrix it.matrix: C_j,
+  /// 1 / col_j and the clip terms. Lane l of every warp takes column
+  /// begin + l; warp w takes a fixed slice of the row blocks; the slices'
+  /// sums are combined in warp order.
+  static __device__ void factored_columns(const DeviceTask& t, const StepScalars& s, const WorkItem& it) {
+    __shared__ float s_cs[block_warps][32];
+    __shared__ float s_col[32];
+    __shared__ double s_dj[block_warps][32];
+    __shared__ double s_fl[block_warps][32];
     const index_t r = t.geom.rows;
     const index_t c = t.geom.cols;
     const index_t nb = t.row_blocks;
-    const float* cp = t.col_partial + b * nb * c + j;
-    float cs = cp[0];
-    for (index_t k = 1; k < nb; ++k) cs += cp[k * c];
-    float* vc = t.v_col + b * c + j;
-    const float cn = S::update_statistic(*vc, cs / static_cast<float>(r), s);
-    *vc = cn;
-    const float col = S::col_factor(cn, s);
-    const float w = 1.0f / col;
-    t.inv_col[b * c + j] = w;
+    const index_t b = it.matrix;
+    const int lane = static_cast<int>(threadIdx.x & 31u);
+    const int warp = static_cast<int>(threadIdx.x >> 5);
+    const index_t j = it.begin + lane;
+    const bool active = j < it.end;
+    const index_t k0 = nb * warp / block_warps;
+    const index_t k1 = nb * (warp + 1) / block_warps;
+
+    float cs = 0.0f;
+    if (active)
+      for (index_t k = k0; k < k1; ++k) cs += t.col_partial[(b * nb + k) * c + j];
+    s_cs[warp][lane] = cs;
+    __syncthreads();
+    if (warp == 0 && active) {
+      float sum = s_cs[0][lane];
+      for (int w = 1; w < block_warps; ++w) sum += s_cs[w][lane];
+      float* vc = t.v_col + b * c + j;
+      const float cn = S::update_statistic(*vc, sum / static_cast<float>(r), s);
+      *vc = cn;
+      const float col = S::col_factor(cn, s);
+      t.inv_col[b * c + j] = 1.0f / col;
+      s_col[lane] = col;
+    }
     if constexpr (C::active) {
-      const float vbar = t.vbar[b];
-      const float* rs = t.v_row + b * r;
+      __syncthreads();
       double dj = 0.0;
       double fl = 0.0;
-      for (index_t k = 0; k < nb; ++k) {
-        if (!t.floored[b * nb + k]) {
-          dj += static_cast<double>(t.d_partial[(b * nb + k) * c + j]);
-          continue;
-        }
-        // recompute this block's D_kj without its floored rows, whose
-        // terms are formed exactly, as apply() forms u
-        float d = 0.0f;
-        for (index_t i = r * k / nb; i < r * (k + 1) / nb; ++i) {
-          const float ri = rs[i];
-          if (!(ri > 0.0f)) continue;
-          const float n = numerator_at(t, s, (b * r + i) * c + j);
-          if (S::row_floored(ri, vbar, s)) {
-            const float inv_row = 1.0f / S::row_factor(ri, vbar, s);
-            const float u = n * (inv_row * w);
-            fl += static_cast<double>(u * u);
-          } else {
-            d = d + n * n * (1.0f / ri);
+      if (active) {
+        const float col = s_col[lane];
+        const float w = 1.0f / col;
+        const float vbar = t.vbar[b];
+        const float* rs = t.v_row + b * r;
+        for (index_t k = k0; k < k1; ++k) {
+          if (!t.floored[b * nb + k]) {
+            dj += static_cast<double>(t.d_partial[(b * nb + k) * c + j]);
+            continue;
           }
+          // recompute this block's D_kj without its floored rows, whose
+          // terms are formed exactly, as apply() forms u
+          float d = 0.0f;
+          for (index_t i = r * k / nb; i < r * (k + 1) / nb; ++i) {
+            const float ri = rs[i];
+            if (!(ri > 0.0f)) continue;
+            const float n = numerator_at(t, s, (b * r + i) * c + j);
+            if (S::row_floored(ri, vbar, s)) {
+              const float inv_row = 1.0f / S::row_factor(ri, vbar, s);
+              const float u = n * (inv_row * w);
+              fl += static_cast<double>(u * u);
+            } else {
+              d = d + n * n * (1.0f / ri);
+            }
+          }
+          dj += static_cast<double>(d);
         }
-        dj += static_cast<double>(d);
       }
-      const double cd = static_cast<double>(col);
-      t.col_term[b * c + j] = dj / (cd * cd);
-      t.col_term[t.geom.batch * c + b * c + j] = fl;
+      s_dj[warp][lane] = dj;
+      s_fl[warp][lane] = fl;
+      __syncthreads();
+      if (warp == 0 && active) {
+        double dsum = s_dj[0][lane];
+        double fsum = s_fl[0][lane];
+        for (int w = 1; w < block_warps; ++w) {
+          dsum += s_dj[w][lane];
+          fsum += s_fl[w][lane];
+        }
+        const double cd = static_cast<double>(s_col[lane]);
+        t.col_term[b * c + j] = dsum / (cd * cd);
+        t.col_term[t.geom.batch * c + b * c + j] = fsum;
+      }
     }
   }
 
@@ -463,9 +504,8 @@ __global__ void __launch_bounds__(block_threads)
   const WorkItem it = items[blockIdx.x];
   if (tasks[it.task].grad == nullptr) return;
   const DeviceTask t = tasks[it.task];  // a copy: stores through float* cannot alias it
-  const index_t j = it.begin + static_cast<index_t>(threadIdx.x);
   const StepScalars s = steps[it.task].s;
-  if (j < it.end) X::factored_column(t, s, it.matrix, j);
+  X::factored_columns(t, s, it);
 }
 
 template <class Rule, class P, class G>
