@@ -32,8 +32,14 @@
 //
 // Stochastic rounding takes element e's bits from Philox block e / 4
 // (random.hpp), one call per 4 consecutive elements, as the CPU does.
+//
+// Apart from nvcc, this header compiles with the host shim of
+// tests/emulation/cuda_emulation.hpp, which runs the kernels on host threads
+// (tests/emulation/test_cuda_kernels_emulated.cpp).
 
+#if defined(__CUDACC__)
 #include <cuda_runtime.h>
+#endif
 
 #include <cstdint>
 #include <type_traits>
