@@ -5,6 +5,7 @@
 // 1 - beta2 in fp32 from beta2 = 0.9999f is 1.7e-4 off.
 
 #include <cmath>
+#include <math.h>
 #include <cstdint>
 
 #include "config.hpp"
@@ -28,22 +29,25 @@ struct StepScalars {
   float grad_scale = 1;       ///< multiplies every gradient (global-norm clipping, E6)
 };
 
-inline StepScalars make_step_scalars(const Hyperparameters& h, std::int64_t t, double grad_scale = 1.0) {
+// Also callable from CUDA device code (the CUDA backend forms the scalars on
+// the device, so that lr and the step count may live in device memory):
+// ::pow and ::sqrt are the C library's on the host and CUDA's on the device.
+SKEWADAM_HD inline StepScalars make_step_scalars(const Hyperparameters& h, std::int64_t t, double grad_scale = 1.0) {
   StepScalars s;
   s.step = t;
   const double td = static_cast<double>(t);
-  const double bc1 = 1.0 - std::pow(h.beta1, td);
-  const double bc2 = 1.0 - std::pow(h.beta2, td);
+  const double bc1 = 1.0 - ::pow(h.beta1, td);
+  const double bc2 = 1.0 - ::pow(h.beta2, td);
   s.lr = static_cast<float>(h.lr);
   s.beta1 = static_cast<float>(h.beta1);
   s.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
   s.beta2 = static_cast<float>(h.beta2);
   s.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
-  s.momentum_scale = static_cast<float>(std::sqrt(bc2) / bc1);
-  s.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
+  s.momentum_scale = static_cast<float>(::sqrt(bc2) / bc1);
+  s.sqrt_bc2 = static_cast<float>(::sqrt(bc2));
   s.decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
   s.eps = static_cast<float>(h.eps);
-  s.eps_sqrt_bc2 = static_cast<float>(h.eps * std::sqrt(bc2));
+  s.eps_sqrt_bc2 = static_cast<float>(h.eps * ::sqrt(bc2));
   s.clip_threshold = static_cast<float>(h.clip_threshold);
   s.grad_scale = static_cast<float>(grad_scale);
   return s;

@@ -1,5 +1,9 @@
-// skewadam-replay CASE_DIR [--out DIR] [--threads N]
+// skewadam-replay CASE_DIR [--out DIR] [--threads N] [--backend cpu|cuda]
 //                 [--stop-after K] [--save FILE] [--load FILE] [--resume-at K]
+//
+// --backend cuda runs the case on the GPU (a build with SKEWADAM_WITH_CUDA);
+// it exits 77 when there is no CUDA device (ctest's code for a skipped test).
+// The checkpoint flags are CPU-only.
 //
 // Runs one golden conformance case exactly as the golden README says, prints
 // the worst error of each array as a fraction of its tolerance, and exits 0
@@ -40,6 +44,9 @@
 #include <unistd.h>
 #endif
 
+#if defined(SKEWADAM_REPLAY_WITH_CUDA)
+#include <skewadam_tools/cuda_golden.hpp>
+#endif
 #include <skewadam/checkpoint.hpp>
 #include <skewadam_tools/golden_case.hpp>
 #if defined(SKEWADAM_REPLAY_WITH_MPI)
@@ -58,6 +65,7 @@ struct Options {
   std::string case_dir;
   std::string out_dir;
   int threads = 1;
+  std::string backend = "cpu";
   std::optional<std::int64_t> stop_after;
   std::string save;
   std::string load;
@@ -261,6 +269,37 @@ int replay(const GoldenCase& c, const Options& o) {
   return ok ? 0 : 1;
 }
 
+/// The whole case on the GPU (--backend cuda).
+int replay_cuda(const GoldenCase& c, const Options& o) {
+  if (o.resume_at || o.stop_after || !o.save.empty() || !o.load.empty())
+    throw CaseError("--backend cuda: --stop-after, --save, --load and --resume-at are CPU-only");
+#if defined(SKEWADAM_REPLAY_WITH_CUDA)
+  if (cuda::device_count() == 0) {
+    std::printf("SKIP: --backend cuda: no CUDA device\n");
+    return 77;
+  }
+  const CaseRun run = run_golden_case_cuda(c);
+  const auto checks = check_steps(c, run, 0, c.steps);
+  bool ok = true;
+  std::printf("%s: %lld steps on %s\n", c.name.c_str(), static_cast<long long>(c.steps),
+              cuda::device_description().c_str());
+  for (const auto& r : checks) {
+    if (!r.problem.empty())
+      std::printf("  %-8s FAIL: %s\n", r.array.c_str(), r.problem.c_str());
+    else
+      std::printf("  %-8s worst error %.4f of tolerance (at index %lld) %s\n", r.array.c_str(), r.worst,
+                  static_cast<long long>(r.worst_index), r.ok ? "ok" : "FAIL");
+    ok = ok && r.ok;
+  }
+  if (!o.out_dir.empty()) write_outputs(c, run, 0, c.steps, o.out_dir);
+  std::printf("%s\n", ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
+#else
+  (void)c;
+  throw CaseError("--backend cuda: this skewadam-replay was built without CUDA (SKEWADAM_WITH_CUDA=OFF)");
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -269,6 +308,8 @@ int main(int argc, char** argv) {
   app.add_option("case", o.case_dir, "case folder (case.json, param0.npy, grads.npy, ...)")->required();
   app.add_option("--out", o.out_dir, "write the computed params.npy and state files here, golden layout");
   app.add_option("--threads", o.threads, "CPU threads (0: hardware)")->check(CLI::NonNegativeNumber);
+  app.add_option("--backend", o.backend, "cpu, or cuda: run the case on the GPU")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   auto* stop = app.add_option("--stop-after", o.stop_after, "run steps 1..K only");
   auto* save = app.add_option("--save", o.save, "after the last step run, save the parameter and optimizer state");
   auto* load = app.add_option("--load", o.load, "start from a checkpoint saved by --save for this case");
@@ -287,6 +328,7 @@ int main(int argc, char** argv) {
   }
   try {
     const GoldenCase c = load_golden_case(o.case_dir);
+    if (o.backend == "cuda") return replay_cuda(c, o);
     return with_case_rule(c, [&]<class Rule>() { return replay<Rule>(c, o); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "skewadam-replay: %s\n", e.what());

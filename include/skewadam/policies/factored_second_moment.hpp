@@ -37,7 +37,9 @@ struct FactoredSecondMoment {
   SKEWADAM_HD static float update_statistic(float old, float mean_g2, const StepScalars& s) {
     return s.beta2 * old + s.one_minus_beta2 * mean_g2;
   }
-  SKEWADAM_HD static float vbar(float mean_r) { return vmath::floor_at(mean_r, row_mean_floor); }
+  // (a copy of the constant: binding the member itself to floor_at's
+  // reference parameter would odr-use it, which CUDA device code cannot)
+  SKEWADAM_HD static float vbar(float mean_r) { return vmath::floor_at(mean_r, static_cast<float>(row_mean_floor)); }
   SKEWADAM_HD static float row_factor(float r, float vbar, const StepScalars& s) {
     return vmath::sqrt(vmath::floor_at(r / vbar, s.eps));
   }

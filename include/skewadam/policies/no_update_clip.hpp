@@ -9,7 +9,7 @@ namespace skewadam {
 
 struct NoUpdateClip {
   static constexpr bool active = false;
-  static float divisor(double /*sum_u2*/, index_t /*count*/, const StepScalars& /*s*/) { return 1.0f; }
+  SKEWADAM_HD static float divisor(double /*sum_u2*/, index_t /*count*/, const StepScalars& /*s*/) { return 1.0f; }
 };
 
 }  // namespace skewadam

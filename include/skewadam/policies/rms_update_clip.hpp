@@ -12,6 +12,7 @@
 //   divisor(sum_u2, count, s)      what u is divided by in the apply pass
 
 #include <cmath>
+#include <math.h>
 
 #include "../config.hpp"
 #include "../step_scalars.hpp"
@@ -21,9 +22,9 @@ namespace skewadam {
 struct RmsUpdateClip {
   static constexpr bool active = true;
 
-  static float divisor(double sum_u2, index_t count, const StepScalars& s) {
+  SKEWADAM_HD static float divisor(double sum_u2, index_t count, const StepScalars& s) {
     if (count <= 0) return 1.0f;
-    const double rms = std::sqrt(sum_u2 / static_cast<double>(count));
+    const double rms = ::sqrt(sum_u2 / static_cast<double>(count));
     const double d = rms / static_cast<double>(s.clip_threshold);
     return d > 1.0 ? static_cast<float>(d) : (d <= 1.0 ? 1.0f : static_cast<float>(d));  // NaN passes through
   }

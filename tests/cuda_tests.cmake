@@ -1,0 +1,35 @@
+# The CUDA backend's tests (SKEWADAM_WITH_CUDA). Built and registered on every
+# machine; without a CUDA device each reports itself skipped (exit 77).
+add_executable(skewadam-cuda-tests cuda/test_cuda.cpp)
+target_link_libraries(skewadam-cuda-tests PRIVATE skewadam_cuda_runner skewadam_tooling skewadam_warnings
+                      doctest::doctest)
+target_compile_definitions(skewadam-cuda-tests PRIVATE SKEWADAM_GOLDEN_DIR="${SKEWADAM_GOLDEN_DIR}")
+# The CPU side of the bf16 parity test must round like the CUDA code, which
+# is compiled without contraction (-fmad=false).
+target_compile_options(skewadam-cuda-tests PRIVATE $<$<CXX_COMPILER_ID:GNU,Clang>:-ffp-contract=off>)
+
+foreach(_tc IN ITEMS
+    "golden cases pass on the GPU"
+    "fp32: the GPU agrees with the CPU backend within the golden tolerance"
+    "bf16 with stochastic rounding: bit-identical to the CPU backend"
+    "stochastic rounding: the GPU gives the CPU's bits for the same value and key"
+    "the GPU step is deterministic"
+    "bad input raises std::invalid_argument naming the argument")
+  string(REGEX REPLACE "[^A-Za-z0-9]+" "-" _id "${_tc}")
+  string(REGEX REPLACE "-$" "" _id "${_id}")
+  string(REPLACE "," "\\," _filter "${_tc}")
+  add_test(NAME cuda/${_id} COMMAND skewadam-cuda-tests "--test-case=${_filter}")
+  set_tests_properties(cuda/${_id} PROPERTIES SKIP_RETURN_CODE 77 LABELS cuda RESOURCE_LOCK gpu)
+endforeach()
+
+# Every golden case through skewadam-replay --backend cuda.
+file(GLOB _cuda_golden_cases LIST_DIRECTORIES true CONFIGURE_DEPENDS ${SKEWADAM_GOLDEN_DIR}/*)
+foreach(_case IN LISTS _cuda_golden_cases)
+  if(NOT IS_DIRECTORY ${_case} OR NOT EXISTS ${_case}/case.json)
+    continue()
+  endif()
+  get_filename_component(_name ${_case} NAME)
+  set(_out ${CMAKE_CURRENT_BINARY_DIR}/golden-out/${_name}-cuda)
+  add_test(NAME golden/${_name}/cuda COMMAND skewadam-replay ${_case} --backend cuda --out ${_out})
+  set_tests_properties(golden/${_name}/cuda PROPERTIES SKIP_RETURN_CODE 77 LABELS cuda RESOURCE_LOCK gpu)
+endforeach()

@@ -1,0 +1,225 @@
+// The CUDA backend's kernels (backend/cuda/kernels.cuh) run on host threads
+// (cuda_emulation.hpp): golden cases and agreement with the CPU backend, on a
+// machine without a GPU. The launch sequence and the work lists below follow
+// backend/cuda/optimizer.cuh for one tensor (the optimizer itself needs the
+// CUDA runtime); the GPU itself is tested by tests/cuda/test_cuda.cpp.
+//
+// Slow (a block is 512 OS threads meeting at barriers: minutes on 2 cores),
+// so built and registered only with -DSKEWADAM_CUDA_EMULATION_TESTS=ON.
+
+#include "cuda_emulation.hpp"
+
+#include <skewadam/backend/cuda/kernels.cuh>
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <skewadam/skewadam.hpp>
+#include <skewadam_tools/golden_case.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace cu = skewadam::backend::cuda;
+using skewadam::index_t;
+
+/// One tensor's steps through the kernels, host memory standing in for the
+/// device's.
+template <class Rule>
+struct EmulatedTensor {
+  using S = typename Rule::second_moment;
+  using C = typename Rule::clip;
+  std::vector<float> m, v, v_row, v_col, scratch_f;
+  std::vector<double> scratch_d;
+  std::vector<int> floored;
+  cu::DeviceTask task{};
+  cu::TaskStep step{};
+  std::int64_t count = 0;
+  std::vector<cu::WorkItem> units, matrices, columns;
+  skewadam::Hyperparameters hyper;
+
+  EmulatedTensor(float* param, const skewadam::Shape& shape, const skewadam::Hyperparameters& h,
+                 std::string_view name)
+      : hyper(h) {
+    const skewadam::MatrixGeometry g = shape.matrices();
+    const auto n = static_cast<std::size_t>(shape.numel());
+    const auto B = static_cast<std::size_t>(g.batch), r = static_cast<std::size_t>(g.rows),
+               c = static_cast<std::size_t>(g.cols);
+    task.param = param;
+    task.geom = g;
+    task.id = skewadam::tensor_id(name);
+    if (Rule::momentum::has_state) m.assign(n, 0.0f);
+    task.m = m.empty() ? nullptr : m.data();
+    if constexpr (S::factored) {
+      task.row_blocks = cu::row_blocks_of(g);
+      const auto nb = static_cast<std::size_t>(task.row_blocks);
+      v_row.assign(B * r, 0.0f);
+      v_col.assign(B * c, 0.0f);
+      scratch_f.assign(B * nb * c * 2 + B * c + 2 * B, 0.0f);
+      scratch_d.assign(2 * B * c + B, 0.0);
+      floored.assign(B * nb, 0);
+      task.v_row = v_row.data();
+      task.v_col = v_col.data();
+      task.col_partial = scratch_f.data();
+      task.d_partial = task.col_partial + B * nb * c;
+      task.inv_col = task.d_partial + B * nb * c;
+      task.vbar = task.inv_col + B * c;
+      task.divisor = task.vbar + B;
+      task.col_term = scratch_d.data();
+      task.matrix_sum = task.col_term + 2 * B * c;
+      task.floored = floored.data();
+      for (index_t b = 0; b < g.batch; ++b) {
+        for (index_t q = 0; q < task.row_blocks; ++q)
+          units.push_back({0, b, g.rows * q / task.row_blocks, g.rows * (q + 1) / task.row_blocks, q});
+        matrices.push_back({0, b, 0, g.rows, 0});
+        for (index_t j = 0; j < g.cols; j += cu::column_block)
+          columns.push_back({0, b, j, std::min(g.cols, j + cu::column_block), 0});
+      }
+    } else {
+      task.chunks = cu::chunks_of(g);
+      v.assign(n, 0.0f);
+      task.v = v.data();
+      scratch_f.assign(2 * B, 0.0f);
+      task.divisor = scratch_f.data();
+      scratch_d.assign(B * static_cast<std::size_t>(task.chunks) + B, 0.0);
+      task.chunk_sum = scratch_d.data();
+      task.matrix_sum = task.chunk_sum + B * static_cast<std::size_t>(task.chunks);
+      for (index_t b = 0; b < g.batch; ++b)
+        for (index_t q = 0; q < task.chunks; ++q)
+          units.push_back({0, b, q * cu::chunk_elems, std::min(g.matrix_size(), (q + 1) * cu::chunk_elems),
+                           b * task.chunks + q});
+    }
+  }
+
+  /// One step with gradient `grad` (as launch_group does).
+  void run(const float* grad, double lr) {
+    task.grad = grad;
+    cu::TierHyper th{{hyper, hyper, hyper}};
+    for (auto& h : th.h) h.lr = lr;
+    const cu::DeviceTask* t = &task;
+    cu::TaskStep* st = &step;
+    const std::int32_t group[1] = {0};
+    emu::launch(1, 128, [&] { cu::prepare_kernel<>(t, st, &count, 1, th, nullptr, 0x5eed5eedULL, 1.0); });
+    auto blocks = [&](const std::vector<cu::WorkItem>& items, auto kernel) {
+      emu::launch(static_cast<unsigned>(items.size()), cu::block_threads, [&] { kernel(t, st, items.data()); });
+    };
+    blocks(units, [](auto... a) { cu::statistics_kernel<Rule, float, float>(a...); });
+    if constexpr (S::factored) {
+      blocks(matrices, [](auto... a) { cu::vbar_kernel<Rule, float, float>(a...); });
+      blocks(columns, [](auto... a) { cu::columns_kernel<Rule, float, float>(a...); });
+      if constexpr (C::active)
+        blocks(matrices, [](auto t0, auto, auto items) { cu::matrix_sum_kernel<Rule, float, float>(t0, items); });
+    }
+    if constexpr (C::active)
+      emu::launch(1, 128, [&] { cu::finalize_kernel<Rule, float, float>(t, st, group, 1); });
+    if constexpr (S::factored || C::active)
+      blocks(units, [](auto... a) { cu::apply_kernel<Rule, float, float>(a...); });
+  }
+};
+
+fs::path golden_dir() {
+#if defined(SKEWADAM_GOLDEN_DIR)
+  if (fs::is_directory(SKEWADAM_GOLDEN_DIR)) return SKEWADAM_GOLDEN_DIR;
+#endif
+  if (const char* env = std::getenv("SKEWADAM_GOLDEN_DIR")) return env;
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("CUDA kernels, emulated on host threads: every golden case") {
+  std::vector<fs::path> cases;
+  if (const fs::path dir = golden_dir(); !dir.empty() && fs::is_directory(dir))
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.is_directory() && fs::exists(e.path() / "case.json")) cases.push_back(e.path());
+  std::sort(cases.begin(), cases.end());
+  REQUIRE_MESSAGE(!cases.empty(), "no golden cases found");
+  for (const fs::path& dir : cases) {
+    const auto c = skewadam::tools::load_golden_case(dir);
+    CAPTURE(c.name);
+    skewadam::tools::with_case_rule(c, [&]<class Rule>() {
+      const skewadam::Shape shape(c.shape.begin(), static_cast<index_t>(c.shape.size()), "case shape");
+      std::vector<float> p = c.param0.data;
+      const index_t n = shape.numel();
+      skewadam::tools::CaseRun run;
+      run.params.resize(static_cast<std::size_t>(c.steps * n));
+      auto go = [&]<class R>() {
+        EmulatedTensor<R> e(p.data(), shape, c.hyper, c.name.empty() ? "param" : c.name);
+        for (std::int64_t t = 0; t < c.steps; ++t) {
+          e.run(c.grads.data.data() + t * n, c.lr_schedule[static_cast<std::size_t>(t)]);
+          std::copy(p.begin(), p.end(), run.params.begin() + t * n);
+        }
+        if (!e.m.empty()) run.state["exp_avg"] = e.m;
+        if (!e.v.empty()) run.state["v"] = e.v;
+        if (!e.v_row.empty()) run.state["v_row"] = e.v_row;
+        if (!e.v_col.empty()) run.state["v_col"] = e.v_col;
+      };
+      if (shape.rank() < 2) go.template operator()<typename Rule::rank1_rule>();
+      else go.template operator()<Rule>();
+      for (const auto& check : skewadam::tools::check_golden_case(c, run)) {
+        CAPTURE(check.array);
+        CAPTURE(check.worst);
+        CHECK(check.problem.empty());
+        CHECK(check.ok);
+      }
+    });
+  }
+}
+
+TEST_CASE_TEMPLATE("CUDA kernels, emulated on host threads: agree with the CPU backend", Rule, skewadam::BackboneRule,
+                   skewadam::ExpertRule, skewadam::RouterRule, skewadam::AdamWRule) {
+  // several row blocks, a bank, column blocks with a remainder, floored rows
+  // (zero gradient rows), matrix and tensor clip scopes
+  const std::vector<std::vector<index_t>> shapes = {{300, 257}, {3, 20, 70}, {1000}};
+  for (const auto& dims : shapes)
+    for (skewadam::ClipScope scope : {skewadam::ClipScope::tensor, skewadam::ClipScope::matrix}) {
+      const skewadam::Shape shape(dims.begin(), static_cast<index_t>(dims.size()));
+      const index_t n = shape.numel();
+      const int steps = 3;
+      std::vector<float> p0(static_cast<std::size_t>(n)), g(static_cast<std::size_t>(n * steps));
+      std::uint64_t s = static_cast<std::uint64_t>(n) * 0x9E3779B97F4A7C15ULL + 1;
+      auto next = [&] {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        return static_cast<float>(s >> 40) * 0x1p-24f - 0.5f;
+      };
+      for (auto& x : p0) x = 0.1f * next();
+      for (auto& x : g) x = 0.02f * next();
+      const index_t cols = shape.matrices().cols;
+      for (int t = 0; t < steps; ++t)  // rows 2 and 5 of every matrix never see a gradient
+        for (index_t i = 0; i < n; ++i)
+          if (shape.rank() >= 2 && ((i / cols) % shape.matrices().rows == 2 || (i / cols) % shape.matrices().rows == 5))
+            g[static_cast<std::size_t>(t * n + i)] = 0.0f;
+      const skewadam::Hyperparameters h{.lr = 1e-3, .weight_decay = 0.05, .clip_scope = scope};
+
+      skewadam::Optimizer<skewadam::TierRules<Rule, Rule, Rule>> opt(
+          h, skewadam::OptimizerOptions{.threads = 1, .nonfinite = skewadam::NonFinitePolicy::unchecked});
+      std::vector<float> pc = p0, pe = p0;
+      const auto id = opt.add("w", skewadam::Tier::backbone, skewadam::TensorView<float>(pc.data(), shape));
+      auto go = [&]<class R>() {
+        EmulatedTensor<R> e(pe.data(), shape, h, "w");
+        for (int t = 0; t < steps; ++t) {
+          opt.set_grad(id, skewadam::TensorView<const float>(g.data() + t * n, shape));
+          opt.step();
+          e.run(g.data() + t * n, 1e-3);
+        }
+        CHECK(e.count == steps);
+      };
+      if (shape.rank() < 2) go.template operator()<typename Rule::rank1_rule>();
+      else go.template operator()<Rule>();
+      double worst = 0;
+      for (std::size_t i = 0; i < pc.size(); ++i)
+        worst = std::max(worst, std::fabs(double(pe[i]) - double(pc[i])) / (1e-6 + 2e-5 * std::fabs(double(pc[i]))));
+      CAPTURE(shape.str());
+      CAPTURE(static_cast<int>(scope));
+      CHECK(worst <= 1.0);
+    }
+}
