@@ -32,6 +32,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -167,6 +168,34 @@ void write_outputs(const GoldenCase& c, const CaseRun& run, std::int64_t first, 
     write_npy(out / (name + ".npy"), skewadam::tools::detail::state_shape(name, c.shape), values.data());
 }
 
+/// "NAME: N steps, shape [...], momentum ..., factored ..., clip scope ..." (no newline).
+void print_case(const GoldenCase& c) {
+  std::printf("%s: %lld steps, shape [", c.name.c_str(), static_cast<long long>(c.steps));
+  for (std::size_t i = 0; i < c.shape.size(); ++i)
+    std::printf("%s%lld", i ? ", " : "", static_cast<long long>(c.shape[i]));
+  std::printf("], momentum %s, factored %s, clip scope %s", c.momentum ? "yes" : "no", c.factored ? "yes" : "no",
+              c.hyper.clip_scope == ClipScope::matrix ? "matrix" : "tensor");
+}
+
+/// One line per checked array, the outputs written to `out_dir` if given,
+/// then PASS or FAIL; returns the exit status (0 pass, 1 out of tolerance).
+int report(const GoldenCase& c, const std::vector<ArrayCheck>& checks, const CaseRun& run, std::int64_t first,
+           std::int64_t last, const std::filesystem::path& out_dir) {
+  bool ok = true;
+  for (const auto& a : checks) {
+    if (!a.problem.empty())
+      std::printf("  %-8s FAIL: %s\n", a.array.c_str(), a.problem.c_str());
+    else
+      std::printf("  %-8s worst error %.4f of tolerance (at index %lld) %s\n", a.array.c_str(), a.worst,
+                  static_cast<long long>(a.worst_index), a.ok ? "ok" : "FAIL");
+    ok = ok && a.ok;
+  }
+  if (!out_dir.empty()) write_outputs(c, run, first, last, out_dir);
+  std::printf("%s\n", ok ? "PASS" : "FAIL");
+  std::fflush(stdout);
+  return ok ? 0 : 1;
+}
+
 #if defined(SKEWADAM_REPLAY_WITH_MPI)
 template <class Rule>
 int replay_sharded(const GoldenCase& c, const Options& o) {
@@ -174,32 +203,16 @@ int replay_sharded(const GoldenCase& c, const Options& o) {
                           .case_key = case_key};
   const ShardedReplayResult r = run_sharded_case<Rule>(c, so);
   const auto checks = check_steps(c, r.run, r.first, r.last);
-  bool ok = true;
-  for (const auto& a : checks) ok = ok && a.ok;
-  if (r.rank != 0) return ok ? 0 : 1;
-  std::printf("%s: %lld steps, shape [", c.name.c_str(), static_cast<long long>(c.steps));
-  for (std::size_t i = 0; i < c.shape.size(); ++i)
-    std::printf("%s%lld", i ? ", " : "", static_cast<long long>(c.shape[i]));
-  std::printf("], momentum %s, factored %s, clip scope %s, sharded over %d ranks (%s)\n", c.momentum ? "yes" : "no",
-              c.factored ? "yes" : "no", c.hyper.clip_scope == ClipScope::matrix ? "matrix" : "tensor", r.ranks,
-              r.split.c_str());
+  if (r.rank != 0) return std::all_of(checks.begin(), checks.end(), [](const ArrayCheck& a) { return a.ok; }) ? 0 : 1;
+  print_case(c);
+  std::printf(", sharded over %d ranks (%s)\n", r.ranks, r.split.c_str());
   std::printf("  steps %lld..%lld", static_cast<long long>(r.first + 1), static_cast<long long>(r.last));
   if (!o.load.empty()) std::printf(", loaded %s", o.load.c_str());
   if (!o.save.empty()) std::printf(", saved to %s", o.save.c_str());
   std::printf("\n  state bytes per rank:");
   for (index_t b : r.state_bytes) std::printf(" %lld", static_cast<long long>(b));
   std::printf("; exchanged per step: %lld bytes from each rank\n", static_cast<long long>(r.exchange_bytes));
-  for (const auto& a : checks) {
-    if (!a.problem.empty())
-      std::printf("  %-8s FAIL: %s\n", a.array.c_str(), a.problem.c_str());
-    else
-      std::printf("  %-8s worst error %.4f of tolerance (at index %lld) %s\n", a.array.c_str(), a.worst,
-                  static_cast<long long>(a.worst_index), a.ok ? "ok" : "FAIL");
-  }
-  if (!o.out_dir.empty()) write_outputs(c, r.run, r.first, r.last, o.out_dir);
-  std::printf("%s\n", ok ? "PASS" : "FAIL");
-  std::fflush(stdout);
-  return ok ? 0 : 1;
+  return report(c, checks, r.run, r.first, r.last, o.out_dir);
 }
 #endif
 
@@ -249,24 +262,10 @@ int replay(const GoldenCase& c, const Options& o) {
   }
 
   const auto checks = check_steps(c, run, first, last);
-  bool ok = true;
-  std::printf("%s: %lld steps, shape [", c.name.c_str(), static_cast<long long>(c.steps));
-  for (std::size_t i = 0; i < c.shape.size(); ++i)
-    std::printf("%s%lld", i ? ", " : "", static_cast<long long>(c.shape[i]));
-  std::printf("], momentum %s, factored %s, clip scope %s, threads %d\n", c.momentum ? "yes" : "no",
-              c.factored ? "yes" : "no", c.hyper.clip_scope == ClipScope::matrix ? "matrix" : "tensor", o.threads);
+  print_case(c);
+  std::printf(", threads %d\n", o.threads);
   if (o.resume_at || !o.load.empty() || o.stop_after || !o.save.empty()) std::printf("  %s\n", how.c_str());
-  for (const auto& r : checks) {
-    if (!r.problem.empty())
-      std::printf("  %-8s FAIL: %s\n", r.array.c_str(), r.problem.c_str());
-    else
-      std::printf("  %-8s worst error %.4f of tolerance (at index %lld) %s\n", r.array.c_str(), r.worst,
-                  static_cast<long long>(r.worst_index), r.ok ? "ok" : "FAIL");
-    ok = ok && r.ok;
-  }
-  if (!o.out_dir.empty()) write_outputs(c, run, first, last, o.out_dir);
-  std::printf("%s\n", ok ? "PASS" : "FAIL");
-  return ok ? 0 : 1;
+  return report(c, checks, run, first, last, o.out_dir);
 }
 
 /// The whole case on the GPU (--backend cuda).
@@ -280,20 +279,9 @@ int replay_cuda(const GoldenCase& c, const Options& o) {
   }
   const CaseRun run = run_golden_case_cuda(c);
   const auto checks = check_steps(c, run, 0, c.steps);
-  bool ok = true;
   std::printf("%s: %lld steps on %s\n", c.name.c_str(), static_cast<long long>(c.steps),
               cuda::device_description().c_str());
-  for (const auto& r : checks) {
-    if (!r.problem.empty())
-      std::printf("  %-8s FAIL: %s\n", r.array.c_str(), r.problem.c_str());
-    else
-      std::printf("  %-8s worst error %.4f of tolerance (at index %lld) %s\n", r.array.c_str(), r.worst,
-                  static_cast<long long>(r.worst_index), r.ok ? "ok" : "FAIL");
-    ok = ok && r.ok;
-  }
-  if (!o.out_dir.empty()) write_outputs(c, run, 0, c.steps, o.out_dir);
-  std::printf("%s\n", ok ? "PASS" : "FAIL");
-  return ok ? 0 : 1;
+  return report(c, checks, run, 0, c.steps, o.out_dir);
 #else
   (void)c;
   throw CaseError("--backend cuda: this skewadam-replay was built without CUDA (SKEWADAM_WITH_CUDA=OFF)");
