@@ -6,10 +6,12 @@
 //
 // A block is blockDim.x std::threads; __shared__ variables are static (blocks
 // run one after another); __syncthreads and the warp intrinsics the kernels
-// use are barriers over the block's or the warp's threads. Slow, and only as
+// use are barriers over the block's or the warp's threads; fences and
+// atomics are the C++ ones. Slow, and only as
 // faithful as these few intrinsics: timing and memory-model subtleties are
 // not emulated.
 
+#include <atomic>
 #include <barrier>
 #include <functional>
 #include <memory>
@@ -20,7 +22,7 @@
 #define __device__
 #define __host__
 #define __shared__ static
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 
 struct uint3 {
   unsigned x = 0, y = 0, z = 0;
@@ -116,6 +118,15 @@ T __shfl_xor_sync(unsigned /*mask*/, T v, int lane_mask) {
   const T r = static_cast<T>(emu::block->buf[w][l ^ static_cast<unsigned>(lane_mask)]);
   emu::block->warps[w]->arrive_and_wait();
   return r;
+}
+
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+
+template <class T>
+T __ldcg(const T* p) {
+  return *p;
 }
 
 inline int __any_sync(unsigned /*mask*/, int p) {

@@ -38,11 +38,11 @@ struct EmulatedTensor {
   using C = typename Rule::clip;
   std::vector<float> m, v, v_row, v_col, scratch_f;
   std::vector<double> scratch_d;
-  std::vector<int> floored;
+  std::vector<unsigned> done;
   cu::DeviceTask task{};
   cu::TaskStep step{};
   std::int64_t count = 0;
-  std::vector<cu::WorkItem> units, matrices, columns;
+  std::vector<cu::WorkItem> units, columns, applies;
   skewadam::Hyperparameters hyper;
 
   EmulatedTensor(float* param, const skewadam::Shape& shape, const skewadam::Hyperparameters& h,
@@ -64,7 +64,7 @@ struct EmulatedTensor {
       v_col.assign(B * c, 0.0f);
       scratch_f.assign(B * nb * c * 2 + B * c + 2 * B, 0.0f);
       scratch_d.assign(2 * B * c + B, 0.0);
-      floored.assign(B * nb, 0);
+      done.assign(B + 1, 0u);
       task.v_row = v_row.data();
       task.v_col = v_col.data();
       task.col_partial = scratch_f.data();
@@ -74,11 +74,12 @@ struct EmulatedTensor {
       task.divisor = task.vbar + B;
       task.col_term = scratch_d.data();
       task.matrix_sum = task.col_term + 2 * B * c;
-      task.floored = floored.data();
+      task.done = done.data();
       for (index_t b = 0; b < g.batch; ++b) {
         for (index_t q = 0; q < task.row_blocks; ++q)
           units.push_back({0, b, g.rows * q / task.row_blocks, g.rows * (q + 1) / task.row_blocks, q});
-        matrices.push_back({0, b, 0, g.rows, 0});
+        const index_t na = cu::apply_blocks_of(g);
+        for (index_t q = 0; q < na; ++q) applies.push_back({0, b, g.rows * q / na, g.rows * (q + 1) / na, q});
         for (index_t j = 0; j < g.cols; j += cu::column_block)
           columns.push_back({0, b, j, std::min(g.cols, j + cu::column_block), 0});
       }
@@ -111,16 +112,16 @@ struct EmulatedTensor {
       emu::launch(static_cast<unsigned>(items.size()), cu::block_threads, [&] { kernel(t, st, items.data()); });
     };
     blocks(units, [](auto... a) { cu::statistics_kernel<Rule, float, float>(a...); });
-    if constexpr (S::factored) {
-      blocks(matrices, [](auto... a) { cu::vbar_kernel<Rule, float, float>(a...); });
+    if constexpr (S::factored)
       blocks(columns, [](auto... a) { cu::columns_kernel<Rule, float, float>(a...); });
-      if constexpr (C::active)
-        blocks(matrices, [](auto t0, auto, auto items) { cu::matrix_sum_kernel<Rule, float, float>(t0, items); });
-    }
-    if constexpr (C::active)
+    else if constexpr (C::active)
       emu::launch(1, 128, [&] { cu::finalize_kernel<Rule, float, float>(t, st, group, 1); });
-    if constexpr (S::factored || C::active)
-      blocks(units, [](auto... a) { cu::apply_kernel<Rule, float, float>(a...); });
+    auto apply = [&](const std::vector<cu::WorkItem>& items) {
+      emu::launch(static_cast<unsigned>(items.size()), cu::apply_threads,
+                  [&] { cu::apply_kernel<Rule, float, float>(t, st, items.data()); });
+    };
+    if constexpr (S::factored) apply(applies);
+    else if constexpr (C::active) apply(units);
   }
 };
 
@@ -176,8 +177,9 @@ TEST_CASE("CUDA kernels, emulated on host threads: every golden case") {
 TEST_CASE_TEMPLATE("CUDA kernels, emulated on host threads: agree with the CPU backend", Rule, skewadam::BackboneRule,
                    skewadam::ExpertRule, skewadam::RouterRule, skewadam::AdamWRule) {
   // several row blocks, a bank, column blocks with a remainder, floored rows
-  // (zero gradient rows), matrix and tensor clip scopes
-  const std::vector<std::vector<index_t>> shapes = {{300, 257}, {3, 20, 70}, {1000}};
+  // (zero gradient rows), matrix and tensor clip scopes; rows of a multiple
+  // of 4 elements (walked in quads) and not
+  const std::vector<std::vector<index_t>> shapes = {{300, 257}, {300, 256}, {3, 20, 70}, {3, 20, 72}, {1000}};
   for (const auto& dims : shapes)
     for (skewadam::ClipScope scope : {skewadam::ClipScope::tensor, skewadam::ClipScope::matrix}) {
       const skewadam::Shape shape(dims.begin(), static_cast<index_t>(dims.size()));

@@ -8,7 +8,9 @@
 // a rule and dtypes), so a step is a handful of launches per group, whatever
 // the number of tensors. Every reduction has a fixed order (per-block partials
 // written to scratch, combined in index order; block sums by a fixed shuffle
-// tree): the same inputs give the same bits on every run. No atomics.
+// tree): the same inputs give the same bits on every run. The only atomics
+// are counters that tell a matrix's last block to finish; they choose which
+// block forms a sum, never the order of its terms.
 //
 // Factored rule (backbone, experts), per matrix cut into row blocks:
 //   statistics  one block per row block: rows in groups of K, row sums of g^2
@@ -17,16 +19,22 @@
 //               D_j += n_ij^2 / R_i while the group's rows are in L1/L2 (the
 //               algebra of backend/cpu/kernels.hpp: sum u^2 needs no extra
 //               pass over memory).
-//   vbar        one block per matrix: vbar, and (a warp per row block)
-//               which row blocks hold rows where the eps floor binds.
 //   columns     32 columns per block, the block's warps splitting the row
-//               blocks: C_j from the column partials, 1 / col_j, and
-//               sum_k D_kj / col_j^2; row blocks holding floored rows are
-//               re-read for their columns and those rows' terms are formed
-//               exactly (rare).
-//   matrix sum  one block per matrix: sum u^2 = vbar * sum_j(...) + floored.
-//   finalize    one thread per tensor: the clip divisor (tensor or matrix scope).
-//   apply       one block per row block: p <- round(p * decay - n * (a_i * w_j)).
+//               blocks: vbar (every block sums the matrix's R_i in the same
+//               order, so all get the same value), C_j from the column
+//               partials, 1 / col_j, and sum_k D_kj / col_j^2; when the eps
+//               floor binds on some row, the row blocks holding such rows
+//               are re-read for their columns and those rows' terms are
+//               formed exactly (rare). The last block of a matrix to finish
+//               (a counter, reset by that block) forms the matrix's
+//               sum u^2 = vbar * sum_j(...) + floored, in column order; the
+//               last matrix of a tensor forms the clip divisors.
+//   apply       one block per row block, last row first (so that the second
+//               read of the gradient finds the rows the statistics pass read
+//               last still in L2): p <- round(p * decay - n * (a_i * w_j)).
+// Rows whose length is a multiple of 4, on aligned parameters and gradients,
+// are walked in quads: one 16-byte (fp32) or 8-byte (bf16, fp16) access per
+// array per 4 elements, several quads' loads issued before the first use.
 // Element-wise rule (router, rank-1 tensors, AdamW): statistics per chunk
 // (and the whole update when the rule does not clip), finalize, apply.
 //
@@ -60,9 +68,20 @@ namespace skewadam::backend::cuda {
 inline constexpr int block_threads = 512;
 inline constexpr int block_warps = block_threads / 32;
 /// Elements per statistics block of an element-wise tensor.
-inline constexpr index_t chunk_elems = index_t{1} << 14;
-/// Target elements per row block of a factored matrix.
+inline constexpr index_t chunk_elems = index_t{1} << 12;
+/// Target elements per row block of a factored matrix's statistics, and the
+/// most rows such a block takes (so that small matrices still give enough
+/// blocks; each block writes a column partial, 2 / rows of the gradient's
+/// traffic).
 inline constexpr index_t row_block_elems = index_t{1} << 16;
+inline constexpr index_t row_block_rows = 16;
+/// Target elements per block of a factored matrix's update (no partials:
+/// small blocks balance the GPU's multiprocessors).
+inline constexpr index_t apply_block_elems = index_t{1} << 13;
+/// Threads per block of the update kernel (no block reductions there), and
+/// the blocks per multiprocessor its register budget is sized for.
+inline constexpr int apply_threads = 256;
+inline constexpr int apply_min_blocks = 4;
 /// Columns per block of the columns kernel (a warp's width; the block's
 /// warps split the row blocks).
 inline constexpr index_t column_block = 32;
@@ -93,7 +112,7 @@ struct DeviceTask {
   float* d_partial = nullptr;    ///< [B * row_blocks * c]
   float* inv_col = nullptr;      ///< [B * c] 1 / col_j
   double* col_term = nullptr;    ///< [2 * B * c] sum_k D_kj / col_j^2, then floored rows' u^2
-  int* floored = nullptr;        ///< [B * row_blocks]
+  unsigned* done = nullptr;      ///< [B + 1] finished column blocks per matrix, finished matrices (zero between steps)
   float* vbar = nullptr;         ///< [B]
   double* matrix_sum = nullptr;  ///< [B] sum u^2 per matrix
   float* divisor = nullptr;      ///< [B]
@@ -111,11 +130,24 @@ struct WorkItem {
   index_t block = 0;
 };
 
-/// Row blocks of a factored matrix: about row_block_elems elements each.
+namespace detail {
+/// Blocks of ceil(rows / k) ... rows with k = target / cols rows each, at
+/// least one row and at most max_rows.
+inline index_t blocks_of_rows(const MatrixGeometry& g, index_t target, index_t max_rows) {
+  index_t per = g.cols > 0 ? target / g.cols : max_rows;
+  per = per < 1 ? 1 : (per > max_rows ? max_rows : per);
+  const index_t n = (g.rows + per - 1) / per;
+  return n < 1 ? 1 : n;
+}
+}  // namespace detail
+
+/// Row blocks of a factored matrix's statistics pass.
 inline index_t row_blocks_of(const MatrixGeometry& g) {
-  if (g.rows <= 1) return 1;
-  const index_t want = (g.matrix_size() + row_block_elems - 1) / row_block_elems;
-  return want < 1 ? 1 : (want > g.rows ? g.rows : want);
+  return detail::blocks_of_rows(g, row_block_elems, row_block_rows);
+}
+/// Row blocks of a factored matrix's update.
+inline index_t apply_blocks_of(const MatrixGeometry& g) {
+  return detail::blocks_of_rows(g, apply_block_elems, g.rows < 1 ? 1 : g.rows);
 }
 inline index_t chunks_of(const MatrixGeometry& g) {
   const index_t n = (g.matrix_size() + chunk_elems - 1) / chunk_elems;
@@ -146,6 +178,23 @@ __device__ SKEWADAM_ALWAYS_INLINE void block_sum(T (&x)[N]) {
     x[k] = s;
   }
   __syncthreads();
+}
+
+/// Four consecutive elements, loaded or stored as one access.
+template <class T>
+struct alignas(4 * sizeof(T)) Quad {
+  T v[4];
+};
+template <class T>
+__device__ SKEWADAM_ALWAYS_INLINE Quad<T> load_quad(const T* p) {
+  return *reinterpret_cast<const Quad<T>*>(p);
+}
+template <class T>
+__device__ SKEWADAM_ALWAYS_INLINE void store_quad(T* p, const Quad<T>& q) {
+  *reinterpret_cast<Quad<T>*>(p) = q;
+}
+__device__ SKEWADAM_ALWAYS_INLINE bool aligned_to(const void* p, std::size_t n) {
+  return reinterpret_cast<std::uintptr_t>(p) % n == 0;
 }
 
 }  // namespace detail
@@ -190,6 +239,28 @@ struct Math {
     if constexpr (M::has_state) m = t.m[o];
     return M::numerator(g, m, s);
   }
+  /// Whether the matrix rows of t can be walked in aligned quads.
+  static __device__ SKEWADAM_ALWAYS_INLINE bool quads_ok(const DeviceTask& t) {
+    return t.geom.cols % 4 == 0 && detail::aligned_to(t.param, 4 * sizeof(P)) &&
+           detail::aligned_to(t.grad, 4 * sizeof(G));
+  }
+  static __device__ SKEWADAM_ALWAYS_INLINE detail::Quad<float> grad_quad(const DeviceTask& t, const StepScalars& s,
+                                                                         index_t o) {
+    const detail::Quad<G> g = detail::load_quad(static_cast<const G*>(t.grad) + o);
+    detail::Quad<float> out;
+    for (int l = 0; l < 4; ++l) out.v[l] = to_float(g.v[l]) * s.grad_scale;
+    return out;
+  }
+  /// numerator_at for the 4 elements from o (o a multiple of 4, quads_ok).
+  static __device__ SKEWADAM_ALWAYS_INLINE detail::Quad<float> numerator_quad(const DeviceTask& t,
+                                                                              const StepScalars& s, index_t o) {
+    detail::Quad<float> g{}, m{};
+    if constexpr (M::numerator_reads_grad) g = grad_quad(t, s, o);
+    if constexpr (M::has_state) m = detail::load_quad(t.m + o);
+    detail::Quad<float> n;
+    for (int l = 0; l < 4; ++l) n.v[l] = M::numerator(g.v[l], m.v[l], s);
+    return n;
+  }
   /// p <- round(p * (1 - lr wd) - step), one rounding (extension E2).
   static __device__ SKEWADAM_ALWAYS_INLINE void update_param(const DeviceTask& t, const StepScalars& s, index_t o,
                                                              float step, std::uint32_t bits) {
@@ -219,6 +290,10 @@ struct Math {
 
   // ---------------------------------------------------------- factored rule
   static constexpr int group_rows = M::has_state ? 4 : 8;
+  /// Rows per group of the quad walk: a group's gradient rows must still be
+  /// in L1 when the clip's sum re-reads them (4 rows of fp32, 8 of bf16/fp16
+  /// for a 4096-column matrix make 64 KB per block).
+  static constexpr int group_rows_quads = M::has_state || sizeof(G) == 4 ? 4 : 8;
 
   /// K rows from row i of matrix b (see the file comment).
   template <int K>
@@ -263,6 +338,56 @@ struct Math {
     }
   }
 
+  /// statistics_group over aligned quads (quads_ok): each thread's loads of
+  /// the K rows are issued together.
+  template <int K>
+  static __device__ void statistics_group_quads(const DeviceTask& t, const StepScalars& s, index_t b, index_t i,
+                                                float* colp, float* dp) {
+    const index_t c = t.geom.cols;
+    const index_t off = (b * t.geom.rows + i) * c;
+    float part[K];
+    for (int q = 0; q < K; ++q) part[q] = 0.0f;
+    for (index_t j = 4 * static_cast<index_t>(threadIdx.x); j < c; j += 4 * static_cast<index_t>(blockDim.x)) {
+      detail::Quad<float> g[K];
+      for (int q = 0; q < K; ++q) g[q] = grad_quad(t, s, off + q * c + j);
+      [[maybe_unused]] detail::Quad<float> m[K];
+      if constexpr (M::has_state)
+        for (int q = 0; q < K; ++q) m[q] = detail::load_quad(t.m + off + q * c + j);
+      detail::Quad<float> cs = detail::load_quad(colp + j);
+      for (int q = 0; q < K; ++q)
+        for (int l = 0; l < 4; ++l) {
+          const float g2 = g[q].v[l] * g[q].v[l];
+          part[q] += g2;
+          cs.v[l] = cs.v[l] + g2;
+          if constexpr (M::has_state) m[q].v[l] = M::update(m[q].v[l], g[q].v[l], s);
+        }
+      detail::store_quad(colp + j, cs);
+      if constexpr (M::has_state)
+        for (int q = 0; q < K; ++q) detail::store_quad(t.m + off + q * c + j, m[q]);
+    }
+    float* rs = t.v_row + b * t.geom.rows + i;
+    float old[K];
+    for (int q = 0; q < K; ++q) old[q] = rs[q];  // read before thread 0 writes (after the barrier)
+    detail::block_sum<float, K>(part);
+    const float fc = static_cast<float>(c);
+    float inv_r[K];
+    for (int q = 0; q < K; ++q) {
+      const float r = S::update_statistic(old[q], part[q] / fc, s);
+      inv_r[q] = r > 0.0f ? 1.0f / r : 0.0f;
+      if (threadIdx.x == 0) rs[q] = r;
+    }
+    if constexpr (C::active) {
+      for (index_t j = 4 * static_cast<index_t>(threadIdx.x); j < c; j += 4 * static_cast<index_t>(blockDim.x)) {
+        detail::Quad<float> n[K];
+        for (int q = 0; q < K; ++q) n[q] = numerator_quad(t, s, off + q * c + j);
+        detail::Quad<float> dj = detail::load_quad(dp + j);
+        for (int q = 0; q < K; ++q)
+          for (int l = 0; l < 4; ++l) dj.v[l] = dj.v[l] + n[q].v[l] * n[q].v[l] * inv_r[q];
+        detail::store_quad(dp + j, dj);
+      }
+    }
+  }
+
   static __device__ void factored_statistics(const DeviceTask& t, const StepScalars& s, const WorkItem& it) {
     const index_t c = t.geom.cols;
     const index_t slot = (it.matrix * t.row_blocks + it.block) * c;
@@ -272,46 +397,35 @@ struct Math {
       colp[j] = 0.0f;
       if constexpr (C::active) dp[j] = 0.0f;
     }
+    __syncthreads();  // the quad walk below maps columns to threads differently
     index_t i = it.begin;
-    for (; i + group_rows <= it.end; i += group_rows) statistics_group<group_rows>(t, s, it.matrix, i, colp, dp);
-    for (; i < it.end; ++i) statistics_group<1>(t, s, it.matrix, i, colp, dp);
-  }
-
-  static __device__ void factored_vbar(const DeviceTask& t, const StepScalars& s, index_t b) {
-    const index_t r = t.geom.rows;
-    const float* rs = t.v_row + b * r;
-    double acc[1] = {0.0};
-    for (index_t i = threadIdx.x; i < r; i += blockDim.x) acc[0] += static_cast<double>(rs[i]);
-    detail::block_sum<double, 1>(acc);
-    const float vbar = S::vbar(static_cast<float>(acc[0] / static_cast<double>(r)));
-    if (threadIdx.x == 0) t.vbar[b] = vbar;
-    if constexpr (C::active) {
-      // a warp per row block (no block-wide barrier per row block)
-      const index_t nb = t.row_blocks;
-      const int lane = static_cast<int>(threadIdx.x & 31u);
-      for (index_t k = threadIdx.x >> 5; k < nb; k += block_warps) {
-        int any = 0;
-        for (index_t i = r * k / nb + lane; i < r * (k + 1) / nb; i += 32)
-          any |= static_cast<int>(rs[i] > 0.0f && S::row_floored(rs[i], vbar, s));
-        any = __any_sync(0xffffffffu, any);
-        if (lane == 0) t.floored[b * nb + k] = any;
-      }
+    if (quads_ok(t)) {
+      for (; i + group_rows_quads <= it.end; i += group_rows_quads)
+        statistics_group_quads<group_rows_quads>(t, s, it.matrix, i, colp, dp);
+      for (; i < it.end; ++i) statistics_group_quads<1>(t, s, it.matrix, i, colp, dp);
+    } else {
+      for (; i + group_rows <= it.end; i += group_rows) statistics_group<group_rows>(t, s, it.matrix, i, colp, dp);
+      for (; i < it.end; ++i) statistics_group<1>(t, s, it.matrix, i, colp, dp);
     }
   }
 
-  /// Columns [it.begin, it.end) (at most 32) of matrix it.matrix: C_j,
-  /// 1 / col_j and the clip terms. Lane l of every warp takes column
-  /// begin + l; warp w takes a fixed slice of the row blocks; the slices'
-  /// sums are combined in warp order.
-  static __device__ void factored_columns(const DeviceTask& t, const StepScalars& s, const WorkItem& it) {
+  /// Columns [it.begin, it.end) (at most 32) of matrix it.matrix: vbar, C_j,
+  /// 1 / col_j and the clip terms; the matrix's last block to finish forms
+  /// its sum u^2, the tensor's last matrix the clip divisors. Lane l of every
+  /// warp takes column begin + l; warp w takes a fixed slice of the row
+  /// blocks; the slices' sums are combined in warp order.
+  static __device__ void factored_columns(const DeviceTask& t, const TaskStep& st, const WorkItem& it) {
+    const StepScalars& s = st.s;
     __shared__ float s_cs[block_warps][32];
     __shared__ float s_col[32];
     __shared__ double s_dj[block_warps][32];
     __shared__ double s_fl[block_warps][32];
+    __shared__ int s_last;
     const index_t r = t.geom.rows;
     const index_t c = t.geom.cols;
     const index_t nb = t.row_blocks;
     const index_t b = it.matrix;
+    const float* rs = t.v_row + b * r;
     const int lane = static_cast<int>(threadIdx.x & 31u);
     const int warp = static_cast<int>(threadIdx.x >> 5);
     const index_t j = it.begin + lane;
@@ -319,9 +433,27 @@ struct Math {
     const index_t k0 = nb * warp / block_warps;
     const index_t k1 = nb * (warp + 1) / block_warps;
 
+    // vbar: every block of the matrix forms the same sum in the same order
+    double mean[1] = {0.0};
+    for (index_t i = threadIdx.x; i < r; i += blockDim.x) mean[0] += static_cast<double>(rs[i]);
+    detail::block_sum<double, 1>(mean);
+    const float vbar = S::vbar(static_cast<float>(mean[0] / static_cast<double>(r)));
+    if (it.begin == 0 && threadIdx.x == 0) t.vbar[b] = vbar;
+
     float cs = 0.0f;
-    if (active)
-      for (index_t k = k0; k < k1; ++k) cs += t.col_partial[(b * nb + k) * c + j];
+    if (active) {
+      // four loads in flight, summed in k order
+      const float* cp = t.col_partial + b * nb * c + j;
+      index_t k = k0;
+      for (; k + 4 <= k1; k += 4) {
+        const float x0 = cp[k * c], x1 = cp[(k + 1) * c], x2 = cp[(k + 2) * c], x3 = cp[(k + 3) * c];
+        cs += x0;
+        cs += x1;
+        cs += x2;
+        cs += x3;
+      }
+      for (; k < k1; ++k) cs += cp[k * c];
+    }
     s_cs[warp][lane] = cs;
     __syncthreads();
     if (warp == 0 && active) {
@@ -335,23 +467,42 @@ struct Math {
       s_col[lane] = col;
     }
     if constexpr (C::active) {
-      __syncthreads();
+      // does the eps floor bind on any row of the matrix? (rare; the block
+      // sum's barriers also publish s_col)
+      float any_floored[1] = {0.0f};
+      for (index_t i = threadIdx.x; i < r; i += blockDim.x)
+        if (rs[i] > 0.0f && S::row_floored(rs[i], vbar, s)) any_floored[0] = 1.0f;
+      detail::block_sum<float, 1>(any_floored);
       double dj = 0.0;
       double fl = 0.0;
-      if (active) {
+      if (active && !(any_floored[0] > 0.0f)) {
+        // no floored row (the usual case): four loads in flight, summed in k order
+        const float* dpk = t.d_partial + b * nb * c + j;
+        index_t k = k0;
+        for (; k + 4 <= k1; k += 4) {
+          const float x0 = dpk[k * c], x1 = dpk[(k + 1) * c], x2 = dpk[(k + 2) * c], x3 = dpk[(k + 3) * c];
+          dj += static_cast<double>(x0);
+          dj += static_cast<double>(x1);
+          dj += static_cast<double>(x2);
+          dj += static_cast<double>(x3);
+        }
+        for (; k < k1; ++k) dj += static_cast<double>(dpk[k * c]);
+      } else if (active) {
         const float col = s_col[lane];
         const float w = 1.0f / col;
-        const float vbar = t.vbar[b];
-        const float* rs = t.v_row + b * r;
         for (index_t k = k0; k < k1; ++k) {
-          if (!t.floored[b * nb + k]) {
+          const index_t i0 = r * k / nb;
+          const index_t i1 = r * (k + 1) / nb;
+          bool floored = false;
+          for (index_t i = i0; i < i1 && !floored; ++i) floored = rs[i] > 0.0f && S::row_floored(rs[i], vbar, s);
+          if (!floored) {
             dj += static_cast<double>(t.d_partial[(b * nb + k) * c + j]);
             continue;
           }
           // recompute this block's D_kj without its floored rows, whose
           // terms are formed exactly, as apply() forms u
           float d = 0.0f;
-          for (index_t i = r * k / nb; i < r * (k + 1) / nb; ++i) {
+          for (index_t i = i0; i < i1; ++i) {
             const float ri = rs[i];
             if (!(ri > 0.0f)) continue;
             const float n = numerator_at(t, s, (b * r + i) * c + j);
@@ -379,24 +530,45 @@ struct Math {
         const double cd = static_cast<double>(s_col[lane]);
         t.col_term[b * c + j] = dsum / (cd * cd);
         t.col_term[t.geom.batch * c + b * c + j] = fsum;
+        __threadfence();
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        const auto blocks = static_cast<unsigned>((c + column_block - 1) / column_block);
+        s_last = atomicAdd(t.done + b, 1u) == blocks - 1u ? 1 : 0;
+      }
+      __syncthreads();
+      if (!s_last) return;
+      // the matrix's last block: sum u^2 = vbar * sum_j(...) + floored rows
+      __threadfence();
+      const double* term = t.col_term + b * c;
+      const double* flt = t.col_term + t.geom.batch * c + b * c;
+      double acc[2] = {0.0, 0.0};
+      for (index_t jj = threadIdx.x; jj < c; jj += blockDim.x) {
+        acc[0] += __ldcg(term + jj);
+        acc[1] += __ldcg(flt + jj);
+      }
+      detail::block_sum<double, 2>(acc);
+      if (threadIdx.x == 0) {
+        t.matrix_sum[b] = static_cast<double>(vbar) * acc[0] + acc[1];
+        t.done[b] = 0u;
+        __threadfence();
+        const auto matrices = static_cast<unsigned>(t.geom.batch);
+        if (atomicAdd(t.done + t.geom.batch, 1u) == matrices - 1u) {
+          // the tensor's last matrix: the clip divisors
+          __threadfence();
+          t.done[t.geom.batch] = 0u;
+          finalize(t, st);
+        }
       }
     }
   }
 
-  static __device__ void factored_matrix_sum(const DeviceTask& t, index_t b) {
-    const index_t c = t.geom.cols;
-    const double* term = t.col_term + b * c;
-    const double* fl = t.col_term + t.geom.batch * c + b * c;
-    double acc[2] = {0.0, 0.0};
-    for (index_t j = threadIdx.x; j < c; j += blockDim.x) {
-      acc[0] += term[j];
-      acc[1] += fl[j];
-    }
-    detail::block_sum<double, 2>(acc);
-    if (threadIdx.x == 0) t.matrix_sum[b] = static_cast<double>(t.vbar[b]) * acc[0] + acc[1];
-  }
-
   static __device__ void factored_apply(const DeviceTask& t, const TaskStep& st, const WorkItem& it) {
+    if (quads_ok(t)) {
+      factored_apply_quads(t, st, it);
+      return;
+    }
     const StepScalars& s = st.s;
     const index_t b = it.matrix;
     const index_t r = t.geom.rows;
@@ -405,11 +577,76 @@ struct Math {
     const float vbar = t.vbar[b];
     const float* rs = t.v_row + b * r;
     const float* w = t.inv_col + b * c;
-    for (index_t i = it.begin; i < it.end; ++i) {
+    // Last row first: the statistics pass read this block's rows in order,
+    // so the most recently read gradient rows are the likeliest still in L2.
+    for (index_t i = it.end; i-- > it.begin;) {
       const float a = s.lr / (S::row_factor(rs[i], vbar, s) * div);
       const index_t row0 = (b * r + i) * c;
       store_range(t, st, row0, row0 + c,
                   [&](index_t o) { return numerator_at(t, s, o) * (a * w[o - row0]); });
+    }
+  }
+
+  /// factored_apply over aligned quads, last quad first: each thread takes
+  /// `unroll` quads per round and issues all their loads before the first use.
+  static __device__ void factored_apply_quads(const DeviceTask& t, const TaskStep& st, const WorkItem& it) {
+    constexpr int unroll = 2;
+    const StepScalars& s = st.s;
+    const index_t b = it.matrix;
+    const index_t r = t.geom.rows;
+    const index_t c = t.geom.cols;
+    const index_t cq = c >> 2;
+    const float div = C::active ? t.divisor[b] : 1.0f;
+    const float vbar = t.vbar[b];
+    const float* rs = t.v_row + b * r + it.begin;
+    const float* w = t.inv_col + b * c;
+    P* param = static_cast<P*>(t.param);
+    const index_t first = (b * r + it.begin) * c;  // the block's first element
+    const index_t nq = (it.end - it.begin) * cq;   // the block's quads
+    const bool narrow = nq <= index_t{0xffffffff};
+    const auto stride = static_cast<index_t>(blockDim.x);
+    for (index_t k = threadIdx.x; k < nq; k += unroll * stride) {
+      bool ok[unroll];
+      index_t lq[unroll], row[unroll];
+      detail::Quad<float> n[unroll], wq[unroll];
+      detail::Quad<P> pq[unroll];
+      float rv[unroll];
+      for (int u = 0; u < unroll; ++u) {
+        const index_t kk = k + u * stride;
+        ok[u] = kk < nq;
+        lq[u] = ok[u] ? nq - 1 - kk : 0;
+        if (narrow) {
+          const auto x = static_cast<std::uint32_t>(lq[u]);
+          row[u] = static_cast<index_t>(x / static_cast<std::uint32_t>(cq));
+        } else {
+          row[u] = lq[u] / cq;
+        }
+      }
+      for (int u = 0; u < unroll; ++u)
+        if (ok[u]) {
+          const index_t o = first + 4 * lq[u];
+          rv[u] = rs[row[u]];
+          wq[u] = detail::load_quad(w + 4 * (lq[u] - row[u] * cq));
+          n[u] = numerator_quad(t, s, o);
+          pq[u] = detail::load_quad(param + o);
+        }
+      for (int u = 0; u < unroll; ++u)
+        if (ok[u]) {
+          const index_t o = first + 4 * lq[u];
+          const float a = s.lr / (S::row_factor(rv[u], vbar, s) * div);
+          std::uint32_t bits[4] = {0u, 0u, 0u, 0u};
+          if constexpr (random) {
+            const auto blk = random_block(st.key, static_cast<std::uint64_t>(o >> 2));
+            for (int l = 0; l < 4; ++l) bits[l] = blk.v[l];
+          }
+          detail::Quad<P> out;
+          for (int l = 0; l < 4; ++l) {
+            const float step = n[u].v[l] * (a * wq[u].v[l]);
+            const float pn = to_float(pq[u].v[l]) * s.decay - step;
+            out.v[l] = R::template store<P>(pn, bits[l]);
+          }
+          detail::store_quad(param + o, out);
+        }
     }
   }
 
@@ -460,17 +697,17 @@ struct Math {
       if constexpr (!S::factored) {
         for (index_t b = 0; b < g.batch; ++b) {
           double sum = 0.0;
-          for (index_t k = 0; k < t.chunks; ++k) sum += t.chunk_sum[b * t.chunks + k];
+          for (index_t k = 0; k < t.chunks; ++k) sum += __ldcg(t.chunk_sum + b * t.chunks + k);
           t.matrix_sum[b] = sum;
         }
       }
       if (st.scope == ClipScope::tensor) {
         double sum = 0.0;
-        for (index_t b = 0; b < g.batch; ++b) sum += t.matrix_sum[b];
+        for (index_t b = 0; b < g.batch; ++b) sum += __ldcg(t.matrix_sum + b);
         const float div = C::divisor(sum, g.numel(), st.s);
         for (index_t b = 0; b < g.batch; ++b) t.divisor[b] = div;
       } else {
-        for (index_t b = 0; b < g.batch; ++b) t.divisor[b] = C::divisor(t.matrix_sum[b], g.matrix_size(), st.s);
+        for (index_t b = 0; b < g.batch; ++b) t.divisor[b] = C::divisor(__ldcg(t.matrix_sum + b), g.matrix_size(), st.s);
       }
     }
   }
@@ -494,34 +731,13 @@ __global__ void __launch_bounds__(block_threads)
 
 template <class Rule, class P, class G>
 __global__ void __launch_bounds__(block_threads)
-    vbar_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkItem* items) {
-  using X = Math<Rule, P, G>;
-  const WorkItem it = items[blockIdx.x];
-  if (tasks[it.task].grad == nullptr) return;
-  const DeviceTask t = tasks[it.task];  // a copy: stores through float* cannot alias it
-  const StepScalars s = steps[it.task].s;
-  X::factored_vbar(t, s, it.matrix);
-}
-
-template <class Rule, class P, class G>
-__global__ void __launch_bounds__(block_threads)
     columns_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkItem* items) {
   using X = Math<Rule, P, G>;
   const WorkItem it = items[blockIdx.x];
   if (tasks[it.task].grad == nullptr) return;
   const DeviceTask t = tasks[it.task];  // a copy: stores through float* cannot alias it
-  const StepScalars s = steps[it.task].s;
-  X::factored_columns(t, s, it);
-}
-
-template <class Rule, class P, class G>
-__global__ void __launch_bounds__(block_threads)
-    matrix_sum_kernel(const DeviceTask* tasks, const WorkItem* items) {
-  using X = Math<Rule, P, G>;
-  const WorkItem it = items[blockIdx.x];
-  if (tasks[it.task].grad == nullptr) return;
-  const DeviceTask t = tasks[it.task];  // a copy: stores through float* cannot alias it
-  X::factored_matrix_sum(t, it.matrix);
+  const TaskStep st = steps[it.task];
+  X::factored_columns(t, st, it);
 }
 
 template <class Rule, class P, class G>
@@ -537,7 +753,7 @@ __global__ void finalize_kernel(const DeviceTask* tasks, const TaskStep* steps, 
 }
 
 template <class Rule, class P, class G>
-__global__ void __launch_bounds__(block_threads)
+__global__ void __launch_bounds__(apply_threads, apply_min_blocks)
     apply_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkItem* items) {
   using X = Math<Rule, P, G>;
   const WorkItem it = items[blockIdx.x];

@@ -29,10 +29,13 @@
 // the host).
 //
 // Scratch, allocated with the state: a factored [B, r, c] tensor keeps two
-// column partials per row block of about backend::cuda::row_block_elems
-// elements, 8 * B * row_blocks * c bytes (about numel / 2 bytes: 1/8 of an fp32
-// parameter's size, 1/4 of a bf16 one), plus O(B * c); an element-wise one
-// 8 bytes per chunk of backend::cuda::chunk_elems.
+// column partials per row block of its statistics pass (blocks of at most
+// backend::cuda::row_block_rows rows and about backend::cuda::row_block_elems
+// elements), 8 * B * row_blocks * c bytes: numel / 2 bytes for rows of up to
+// 4096 elements (1/8 of an fp32 parameter's size, 1/4 of a bf16 one), more
+// for longer rows (numel bytes at 8192 columns); plus O(B * (r + c)) and a
+// counter per matrix. An element-wise tensor keeps 8 bytes per chunk of
+// backend::cuda::chunk_elems.
 
 #include <cuda_runtime.h>
 
@@ -68,10 +71,10 @@ namespace skewadam::backend::cuda {
 struct GroupArrays {
   const WorkItem* units = nullptr;     ///< row blocks (factored) or chunks
   std::int32_t n_units = 0;
-  const WorkItem* matrices = nullptr;  ///< one per matrix (factored)
-  std::int32_t n_matrices = 0;
   const WorkItem* columns = nullptr;   ///< column blocks (factored)
   std::int32_t n_columns = 0;
+  const WorkItem* applies = nullptr;   ///< update blocks (factored: rows; element-wise: the chunks)
+  std::int32_t n_applies = 0;
   const std::int32_t* tasks = nullptr;
   std::int32_t n_tasks = 0;
 };
@@ -89,13 +92,13 @@ void launch_group(const GroupArrays& g, const DeviceTask* tasks, const TaskStep*
   if (g.n_units == 0) return;
   statistics_kernel<Rule, P, G><<<g.n_units, block, 0, stream>>>(tasks, steps, g.units);
   if constexpr (X::S::factored) {
-    vbar_kernel<Rule, P, G><<<g.n_matrices, block, 0, stream>>>(tasks, steps, g.matrices);
+    // also forms the clip divisors (the last block of each tensor)
     columns_kernel<Rule, P, G><<<g.n_columns, block, 0, stream>>>(tasks, steps, g.columns);
-    if constexpr (X::C::active) matrix_sum_kernel<Rule, P, G><<<g.n_matrices, block, 0, stream>>>(tasks, g.matrices);
+  } else if constexpr (X::C::active) {
+    finalize_kernel<Rule, P, G><<<(g.n_tasks + 127) / 128, 128, 0, stream>>>(tasks, steps, g.tasks, g.n_tasks);
   }
-  if constexpr (X::C::active) finalize_kernel<Rule, P, G><<<(g.n_tasks + 127) / 128, 128, 0, stream>>>(tasks, steps, g.tasks, g.n_tasks);
   if constexpr (X::S::factored || X::C::active)
-    apply_kernel<Rule, P, G><<<g.n_units, block, 0, stream>>>(tasks, steps, g.units);
+    apply_kernel<Rule, P, G><<<g.n_applies, apply_threads, 0, stream>>>(tasks, steps, g.applies);
   check(cudaGetLastError(), "skewadam CUDA step: kernel launch");
 }
 
@@ -185,7 +188,7 @@ class Optimizer {
         d.divisor = d.vbar + B;
         d.col_term = alloc(*e, e->scratch_d, 2 * B * c + B, false);
         d.matrix_sum = d.col_term + 2 * B * c;
-        d.floored = alloc(*e, e->floored, B * nb, false);
+        d.done = alloc(*e, e->done, B + 1, true);
       } else {
         d.chunks = backend::cuda::chunks_of(g);
         d.v = alloc(*e, e->v, n, true);
@@ -349,7 +352,7 @@ class Optimizer {
     backend::cuda::DeviceTask task{};
     backend::cuda::DeviceBuffer<float> m, v, v_row, v_col, scratch_f;
     backend::cuda::DeviceBuffer<double> scratch_d;
-    backend::cuda::DeviceBuffer<int> floored;
+    backend::cuda::DeviceBuffer<unsigned> done;
     index_t state_bytes() const noexcept {
       return 4 * static_cast<index_t>(m.size() + v.size() + v_row.size() + v_col.size());
     }
@@ -415,7 +418,7 @@ class Optimizer {
     for (const auto& e : entries_)
       if (e->numel > 0 && std::find(order.begin(), order.end(), e->ops) == order.end()) order.push_back(e->ops);
     for (const backend::cuda::GroupOps* ops : order) {
-      std::vector<WorkItem> units, matrices, columns;
+      std::vector<WorkItem> units, columns, applies;
       std::vector<std::int32_t> tasks;
       for (std::size_t k = 0; k < n; ++k) {
         const Entry& e = *entries_[k];
@@ -428,7 +431,9 @@ class Optimizer {
           for (index_t b = 0; b < g.batch; ++b) {
             for (index_t q = 0; q < nb; ++q)
               units.push_back(WorkItem{task, b, g.rows * q / nb, g.rows * (q + 1) / nb, q});
-            matrices.push_back(WorkItem{task, b, 0, g.rows, 0});
+            const index_t na = backend::cuda::apply_blocks_of(g);
+            for (index_t q = 0; q < na; ++q)
+              applies.push_back(WorkItem{task, b, g.rows * q / na, g.rows * (q + 1) / na, q});
             for (index_t j = 0; j < g.cols; j += backend::cuda::column_block)
               columns.push_back(WorkItem{task, b, j, std::min(g.cols, j + backend::cuda::column_block), 0});
           }
@@ -442,20 +447,21 @@ class Optimizer {
         }
       }
       constexpr std::size_t grid_limit = 0x7fffffff;
-      if (units.size() > grid_limit || columns.size() > grid_limit)
+      if (!ops->factored) applies = units;
+      if (units.size() > grid_limit || columns.size() > grid_limit || applies.size() > grid_limit)
         throw std::invalid_argument("parameters: too many work items for one launch");
       Group grp;
       grp.ops = ops;
       std::vector<WorkItem> all = units;
-      all.insert(all.end(), matrices.begin(), matrices.end());
       all.insert(all.end(), columns.begin(), columns.end());
+      all.insert(all.end(), applies.begin(), applies.end());
       upload(grp.items, all);
       upload(grp.tasks, tasks);
       grp.arrays.units = grp.items.data();
       grp.arrays.n_units = static_cast<std::int32_t>(units.size());
-      grp.arrays.matrices = grp.items.data() + units.size();
-      grp.arrays.n_matrices = static_cast<std::int32_t>(matrices.size());
-      grp.arrays.columns = grp.items.data() + units.size() + matrices.size();
+      grp.arrays.columns = grp.items.data() + units.size();
+      grp.arrays.applies = grp.items.data() + units.size() + columns.size();
+      grp.arrays.n_applies = static_cast<std::int32_t>(applies.size());
       grp.arrays.n_columns = static_cast<std::int32_t>(columns.size());
       grp.arrays.tasks = grp.tasks.data();
       grp.arrays.n_tasks = static_cast<std::int32_t>(tasks.size());
