@@ -34,6 +34,8 @@
 
 #include <skewadam/skewadam.hpp>
 
+#include "bench_params.hpp"
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -55,17 +57,10 @@ using skewadam::index_t;
 using skewadam::Shape;
 using skewadam::Tier;
 
-enum class Kind { backbone, experts, router, adamw };
-
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::backbone: return "backbone";
-    case Kind::experts: return "experts";
-    case Kind::router: return "router";
-    case Kind::adamw: return "adamw";
-  }
-  return "?";
-}
+using skewadam_bench::Kind;
+using skewadam_bench::Param;
+using skewadam_bench::kind_name;
+using skewadam_bench::paper_model;
 
 /// Minimal bytes moved per element by one step (the model above).
 index_t bytes_per_element(Kind k, Dtype dtype, bool rank1) {
@@ -143,13 +138,6 @@ struct Buffers {
   }
 };
 
-struct Param {
-  std::string name;
-  Kind kind;
-  Shape shape;
-  Dtype dtype;
-};
-
 const skewadam::Hyperparameters hyper{.lr = 3e-4, .weight_decay = 0.05};
 
 /// Runs steps of `params` with the SkewAdam tiers or AdamW for all of them.
@@ -167,9 +155,7 @@ void run_steps(benchmark::State& state, const std::vector<Param>& params, bool c
   std::uint64_t seed = 1;
   for (const Param& p : params) {
     buffers.push_back(std::make_unique<Buffers>(p.dtype, p.shape, seed += 2));
-    const Tier tier = p.kind == Kind::experts ? Tier::experts
-                      : p.kind == Kind::router ? Tier::router
-                                               : Tier::backbone;
+    const Tier tier = skewadam_bench::tier_of(p.kind);
     opt.add(p.name, tier, buffers.back()->param(), buffers.back()->grad());
     bytes += bytes_per_element(p.kind, p.dtype, p.shape.rank() < 2) * p.shape.numel();
     elements += p.shape.numel();
@@ -225,28 +211,6 @@ std::string shape_name(const Shape& s) {
     out.append(std::to_string(s[i]));
   }
   return out;
-}
-
-/// The paper's proportions (SPEC section 1: 5 % backbone, 95 % experts, a
-/// router) at d_model 1024 with 8 experts of ff 2048: 52.97 M parameters,
-/// backbone 4.96 %, experts 95.02 %, router 0.015 %. Matrix weights in
-/// `dtype`; LayerNorms and the router in fp32 (as the paper keeps them).
-/// bench/compare.py builds the same set.
-std::vector<Param> paper_model(Dtype dtype, bool adamw) {
-  const index_t d = 1024, e = 8, ff = 2048, kv = 256;
-  auto kind = [&](Kind k) { return adamw ? Kind::adamw : k; };
-  std::vector<Param> ps;
-  for (const char* n : {"ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias", "lnf.weight", "lnf.bias"})
-    ps.push_back({n, kind(Kind::backbone), Shape{d}, Dtype::f32});
-  ps.push_back({"attn.q", kind(Kind::backbone), Shape{d, d}, dtype});
-  ps.push_back({"attn.k", kind(Kind::backbone), Shape{kv, d}, dtype});
-  ps.push_back({"attn.v", kind(Kind::backbone), Shape{kv, d}, dtype});
-  ps.push_back({"attn.o", kind(Kind::backbone), Shape{d, d}, dtype});
-  ps.push_back({"moe.router", kind(Kind::router), Shape{e, d}, Dtype::f32});
-  ps.push_back({"moe.w1", kind(Kind::experts), Shape{e, ff, d}, dtype});
-  ps.push_back({"moe.w3", kind(Kind::experts), Shape{e, ff, d}, dtype});
-  ps.push_back({"moe.w2", kind(Kind::experts), Shape{e, d, ff}, dtype});
-  return ps;
 }
 
 void add(const std::string& name, std::vector<Param> params, bool checked = false) {

@@ -32,6 +32,8 @@
 
 #include <skewadam/backend/cuda/optimizer.cuh>
 
+#include "bench_params.hpp"
+
 namespace {
 
 using skewadam::Dtype;
@@ -41,17 +43,10 @@ using skewadam::Tier;
 using skewadam::backend::cuda::check;
 using skewadam::backend::cuda::DeviceBuffer;
 
-enum class Kind { backbone, experts, router, adamw };
-
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::backbone: return "backbone";
-    case Kind::experts: return "experts";
-    case Kind::router: return "router";
-    case Kind::adamw: return "adamw";
-  }
-  return "?";
-}
+using skewadam_bench::Kind;
+using skewadam_bench::Param;
+using skewadam_bench::kind_name;
+using skewadam_bench::paper_model;
 
 /// Compulsory bytes moved per element by one step (see the file comment).
 index_t bytes_per_element(Kind k, Dtype dtype, bool rank1) {
@@ -66,13 +61,6 @@ index_t bytes_per_element(Kind k, Dtype dtype, bool rank1) {
   }
   return 0;
 }
-
-struct Param {
-  std::string name;
-  Kind kind;
-  Shape shape;
-  Dtype dtype;
-};
 
 struct Events {
   cudaEvent_t a = nullptr, b = nullptr;
@@ -145,7 +133,7 @@ Row time_steps(const std::string& name, const std::vector<Param>& params, cudaSt
     void* gp = bufs.back().data();
     fill(pp, n, p.dtype, seed++, 0.05f);
     fill(gp, n, p.dtype, seed++, 1e-3f);
-    const Tier tier = p.kind == Kind::experts ? Tier::experts : p.kind == Kind::router ? Tier::router : Tier::backbone;
+    const Tier tier = skewadam_bench::tier_of(p.kind);
     if (p.dtype == Dtype::f32)
       opt.add(p.name, tier, skewadam::TensorView<float>(static_cast<float*>(pp), p.shape),
               skewadam::TensorView<const float>(static_cast<const float*>(gp), p.shape));
@@ -179,24 +167,6 @@ Row copy_roofline(cudaStream_t s, int reps) {
   });
   r.gbps = 2.0 * static_cast<double>(bytes) / (r.ms * 1e6);  // read + write
   return r;
-}
-
-/// The CPU bench's parameter set with the paper's proportions (52.97 M).
-std::vector<Param> paper_model(Dtype dtype, bool adamw) {
-  const index_t d = 1024, e = 8, ff = 2048, kv = 256;
-  auto kind = [&](Kind k) { return adamw ? Kind::adamw : k; };
-  std::vector<Param> ps;
-  for (const char* n : {"ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias", "lnf.weight", "lnf.bias"})
-    ps.push_back({n, kind(Kind::backbone), Shape{d}, Dtype::f32});
-  ps.push_back({"attn.q", kind(Kind::backbone), Shape{d, d}, dtype});
-  ps.push_back({"attn.k", kind(Kind::backbone), Shape{kv, d}, dtype});
-  ps.push_back({"attn.v", kind(Kind::backbone), Shape{kv, d}, dtype});
-  ps.push_back({"attn.o", kind(Kind::backbone), Shape{d, d}, dtype});
-  ps.push_back({"moe.router", kind(Kind::router), Shape{e, d}, Dtype::f32});
-  ps.push_back({"moe.w1", kind(Kind::experts), Shape{e, ff, d}, dtype});
-  ps.push_back({"moe.w3", kind(Kind::experts), Shape{e, ff, d}, dtype});
-  ps.push_back({"moe.w2", kind(Kind::experts), Shape{e, d, ff}, dtype});
-  return ps;
 }
 
 std::string shape_name(const Shape& s) {
