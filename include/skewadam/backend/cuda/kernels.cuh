@@ -295,6 +295,23 @@ struct Math {
   /// for a 4096-column matrix make 64 KB per block).
   static constexpr int group_rows_quads = M::has_state || sizeof(G) == 4 ? 4 : 8;
 
+  /// Rows i ... i + K - 1 of matrix b: R from the block's sums of g^2 (part,
+  /// this thread's share), and 1 / R for the clip's D. Call from every thread.
+  template <int K>
+  static __device__ SKEWADAM_ALWAYS_INLINE void update_rows(const DeviceTask& t, const StepScalars& s, index_t b,
+                                                            index_t i, float (&part)[K], float (&inv_r)[K]) {
+    float* rs = t.v_row + b * t.geom.rows + i;
+    float old[K];
+    for (int q = 0; q < K; ++q) old[q] = rs[q];  // read before thread 0 writes (after the barrier)
+    detail::block_sum<float, K>(part);
+    const float fc = static_cast<float>(t.geom.cols);
+    for (int q = 0; q < K; ++q) {
+      const float r = S::update_statistic(old[q], part[q] / fc, s);
+      inv_r[q] = r > 0.0f ? 1.0f / r : 0.0f;
+      if (threadIdx.x == 0) rs[q] = r;
+    }
+  }
+
   /// K rows from row i of matrix b (see the file comment).
   template <int K>
   static __device__ void statistics_group(const DeviceTask& t, const StepScalars& s, index_t b, index_t i,
@@ -315,17 +332,8 @@ struct Math {
       }
       colp[j] = cs;
     }
-    float* rs = t.v_row + b * t.geom.rows + i;
-    float old[K];
-    for (int q = 0; q < K; ++q) old[q] = rs[q];  // read before thread 0 writes (after the barrier)
-    detail::block_sum<float, K>(part);
-    const float fc = static_cast<float>(c);
     float inv_r[K];
-    for (int q = 0; q < K; ++q) {
-      const float r = S::update_statistic(old[q], part[q] / fc, s);
-      inv_r[q] = r > 0.0f ? 1.0f / r : 0.0f;
-      if (threadIdx.x == 0) rs[q] = r;
-    }
+    update_rows<K>(t, s, b, i, part, inv_r);
     if constexpr (C::active) {
       for (index_t j = threadIdx.x; j < c; j += blockDim.x) {
         float dj = dp[j];
@@ -365,17 +373,8 @@ struct Math {
       if constexpr (M::has_state)
         for (int q = 0; q < K; ++q) detail::store_quad(t.m + off + q * c + j, m[q]);
     }
-    float* rs = t.v_row + b * t.geom.rows + i;
-    float old[K];
-    for (int q = 0; q < K; ++q) old[q] = rs[q];  // read before thread 0 writes (after the barrier)
-    detail::block_sum<float, K>(part);
-    const float fc = static_cast<float>(c);
     float inv_r[K];
-    for (int q = 0; q < K; ++q) {
-      const float r = S::update_statistic(old[q], part[q] / fc, s);
-      inv_r[q] = r > 0.0f ? 1.0f / r : 0.0f;
-      if (threadIdx.x == 0) rs[q] = r;
-    }
+    update_rows<K>(t, s, b, i, part, inv_r);
     if constexpr (C::active) {
       for (index_t j = 4 * static_cast<index_t>(threadIdx.x); j < c; j += 4 * static_cast<index_t>(blockDim.x)) {
         detail::Quad<float> n[K];
