@@ -37,6 +37,7 @@
 
 #include "backend/cpu/cpu_backend.hpp"
 #include "backend/work.hpp"
+#include "checks.hpp"
 #include "config.hpp"
 #include "dtype.hpp"
 #include "hyperparameters.hpp"
@@ -49,20 +50,9 @@
 #include "tensor_view.hpp"
 #include "tier.hpp"
 #include "tier_rules.hpp"
+#include "tier_settings.hpp"
 
 namespace skewadam {
-
-/// One value per tier.
-template <class T>
-struct PerTier {
-  T backbone{};
-  T experts{};
-  T router{};
-  T& operator[](Tier t) { return t == Tier::backbone ? backbone : (t == Tier::experts ? experts : router); }
-  const T& operator[](Tier t) const {
-    return t == Tier::backbone ? backbone : (t == Tier::experts ? experts : router);
-  }
-};
 
 struct OptimizerOptions {
   std::uint64_t seed = 0x5eed5eedULL;  ///< stochastic-rounding seed
@@ -71,18 +61,17 @@ struct OptimizerOptions {
 };
 
 template <class Tiers = SkewAdamTiers, class Backend = backend::DefaultBackend>
-class Optimizer {
+class Optimizer : public TierSettings {
  public:
   using tiers = Tiers;
   using backend_type = Backend;
-  using Schedule = std::function<double(std::int64_t)>;
+  using Schedule = TierSettings::Schedule;
 
   Optimizer() : Optimizer(Hyperparameters{}) {}
   explicit Optimizer(const Hyperparameters& all, OptimizerOptions options = {})
       : Optimizer(PerTier<Hyperparameters>{all, all, all}, options) {}
-  explicit Optimizer(const PerTier<Hyperparameters>& per_tier, OptimizerOptions options = {}) : seed_(options.seed) {
-    for (Tier t : all_tiers) validate(per_tier[t], std::string(tier_name(t)));
-    hyper_ = per_tier;
+  explicit Optimizer(const PerTier<Hyperparameters>& per_tier, OptimizerOptions options = {})
+      : TierSettings(per_tier), seed_(options.seed) {
     backend_.set_threads(options.threads);
     set_nonfinite_policy(options.nonfinite);
   }
@@ -94,8 +83,8 @@ class Optimizer {
     if (index_.count(std::string(name)))
       throw std::invalid_argument("name: parameter '" + std::string(name) + "' is already registered");
     checked_tier(tier, "tier of '" + std::string(name) + "'");
-    check_param(name, param);
-    check_grad(name, param, grad);
+    detail::check_param(name, param);
+    detail::check_grad(name, param, grad);
     check_disjoint(name, param, grad);
 
     Entry e;
@@ -153,7 +142,7 @@ class Optimizer {
   /// Sets the gradient used by the next step(s). A default GradView clears it.
   void set_grad(ParamId id, GradView grad) {
     Entry& e = entry(id);
-    check_grad(e.name, e.param, grad);
+    detail::check_grad(e.name, e.param, grad);
     check_grad_disjoint(e.name, grad);
     e.grad = grad;
   }
@@ -235,28 +224,8 @@ class Optimizer {
   }
 
   // ------------------------------------------------------ hyperparameters
-  const Hyperparameters& hyperparameters(Tier t) const { return hyper_[checked_tier(t)]; }
-  void set_hyperparameters(Tier t, const Hyperparameters& h) {
-    checked_tier(t);
-    validate(h, std::string(tier_name(t)));
-    hyper_[t] = h;
-  }
-  /// Sets the learning rate of every tier.
-  void set_lr(double lr) {
-    for (Tier t : all_tiers) check_lr(lr, std::string(tier_name(t)) + ".lr");
-    for (Tier t : all_tiers) hyper_[t].lr = lr;
-  }
-  void set_lr(Tier t, double lr) {
-    checked_tier(t);
-    check_lr(lr, std::string(tier_name(t)) + ".lr");
-    hyper_[t].lr = lr;
-  }
-  /// lr of step t (t counts step() calls from 1) comes from `schedule`,
-  /// overriding the tier's lr. An empty function removes the schedule.
-  void set_lr_schedule(Schedule schedule) {
-    for (Tier t : all_tiers) schedules_[t] = schedule;
-  }
-  void set_lr_schedule(Tier t, Schedule schedule) { schedules_[checked_tier(t)] = std::move(schedule); }
+  // hyperparameters(), set_hyperparameters(), set_lr(), set_lr_schedule():
+  // TierSettings (tier_settings.hpp).
 
   // --------------------------------------------------------------- threads
   void set_threads(int n) { backend_.set_threads(n); }
@@ -284,11 +253,9 @@ class Optimizer {
   /// without writing the gradients: the scale is applied as they are read.
   /// Returns the norm before clipping.
   double clip_grad_norm(double max_norm) {
-    if (!(max_norm > 0.0) || std::isnan(max_norm))
-      throw std::invalid_argument("max_norm = " + std::to_string(max_norm) + ": must be > 0");
+    detail::check_max_norm(max_norm);
     const double norm = grad_norm();
-    const double scale = max_norm / (norm + 1e-6);
-    grad_scale_ = std::isfinite(norm) && scale < 1.0 ? scale : 1.0;
+    grad_scale_ = detail::grad_clip_scale(norm, max_norm);
     return norm;
   }
   double pending_grad_scale() const noexcept { return grad_scale_; }
@@ -299,13 +266,7 @@ class Optimizer {
   /// gradient is skipped and the report names it (raise: throws instead).
   StepReport step() {
     const std::int64_t t_global = steps_ + 1;
-    PerTier<Hyperparameters> h = hyper_;
-    for (Tier t : all_tiers) {
-      if (!schedules_[t]) continue;
-      const double lr = schedules_[t](t_global);
-      check_lr(lr, "lr schedule of tier " + std::string(tier_name(t)) + " at step " + std::to_string(t_global));
-      h[t].lr = lr;
-    }
+    PerTier<Hyperparameters> h = hyperparameters_at(t_global);
 
     tasks_.clear();
     units_.clear();
@@ -513,10 +474,6 @@ class Optimizer {
   }
   const Entry& entry(ParamId id) const { return const_cast<Optimizer*>(this)->entry(id); }
 
-  static void check_lr(double lr, const std::string& what) {
-    if (!(lr >= 0.0) || !std::isfinite(lr))
-      throw std::invalid_argument(what + " = " + std::to_string(lr) + ": must be finite and >= 0");
-  }
 
   /// Bytes [lo, hi) of a contiguous view.
   static std::pair<std::uintptr_t, std::uintptr_t> byte_range(const void* data, index_t numel, Dtype dtype) {
@@ -555,25 +512,7 @@ class Optimizer {
                                   entries_[static_cast<std::size_t>(*other)].name + "'");
   }
 
-  static void check_param(std::string_view name, const ParamView& p) {
-    const std::string who = "param of '" + std::string(name) + "'";
-    if (p.shape.rank() < 1) throw std::invalid_argument(who + ": shape has rank 0 (a view must have rank >= 1)");
-    if (p.dtype != Dtype::f32 && p.dtype != Dtype::bf16 && p.dtype != Dtype::f16)
-      throw std::invalid_argument(who + ": unknown dtype");
-    if (p.data == nullptr && p.numel() > 0) throw std::invalid_argument(who + ": null data pointer");
-  }
 
-  static void check_grad(std::string_view name, const ParamView& p, const GradView& g) {
-    if (!g.present()) return;
-    const std::string who = "grad of '" + std::string(name) + "'";
-    if (!(g.shape == p.shape))
-      throw std::invalid_argument(who + ": shape " + g.shape.str() + " does not match the parameter's " +
-                                  p.shape.str());
-    if (g.dtype != Dtype::f32 && g.dtype != p.dtype)
-      throw std::invalid_argument(who + ": dtype " + std::string(dtype_name(g.dtype)) +
-                                  " must be f32 or the parameter's dtype " + std::string(dtype_name(p.dtype)));
-    if (g.data == nullptr && g.numel() > 0) throw std::invalid_argument(who + ": null data pointer");
-  }
 
   static double grad_sum_squares(const GradView& g) {
     const index_t n = g.numel();
@@ -633,8 +572,6 @@ class Optimizer {
   std::unordered_map<std::string, index_t> index_;
   /// Registered parameters' memory: first byte -> (end, entry index).
   std::map<std::uintptr_t, std::pair<std::uintptr_t, index_t>> memory_;
-  PerTier<Hyperparameters> hyper_;
-  PerTier<Schedule> schedules_;
   Backend backend_;
   std::uint64_t seed_ = 0;
   std::int64_t steps_ = 0;

@@ -62,8 +62,10 @@
 
 #include "../backend/cpu/cpu_backend.hpp"
 #include "../backend/work.hpp"
+#include "../checks.hpp"
 #include "../nonfinite.hpp"
 #include "../optimizer.hpp"
+#include "../tier_settings.hpp"
 #include "communicator.hpp"
 #include "shard_plan.hpp"
 
@@ -173,11 +175,11 @@ struct ShardKernelsOf {
 
 template <class Tiers = SkewAdamTiers, Communicator Comm = SelfCommunicator,
           class Arch = typename backend::DefaultBackend::arch>
-class ShardedOptimizer {
+class ShardedOptimizer : public TierSettings {
  public:
   using tiers = Tiers;
   using communicator_type = Comm;
-  using Schedule = std::function<double(std::int64_t)>;
+  using Schedule = TierSettings::Schedule;
   /// The single-process optimizer with the same rules (checkpoints go through it).
   using single_process_type = Optimizer<Tiers, backend::CpuBackend<Arch>>;
 
@@ -185,14 +187,12 @@ class ShardedOptimizer {
       : ShardedOptimizer(comm, PerTier<Hyperparameters>{all, all, all}, options, shard) {}
   ShardedOptimizer(Comm& comm, const PerTier<Hyperparameters>& per_tier, OptimizerOptions options = {},
                    ShardOptions shard = {})
-      : comm_(&comm), seed_(options.seed), shard_(shard) {
-    for (Tier t : all_tiers) validate(per_tier[t], std::string(tier_name(t)));
+      : TierSettings(per_tier), comm_(&comm), seed_(options.seed), shard_(shard) {
     if (shard.experts != ExpertSharding::experts && shard.experts != ExpertSharding::rows)
       throw std::invalid_argument("shard.experts: unknown value " + std::to_string(static_cast<int>(shard.experts)));
     if (comm.size() < 1 || comm.rank() < 0 || comm.rank() >= comm.size())
       throw std::invalid_argument("comm: rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) +
                                   " is not a valid position in a group");
-    hyper_ = per_tier;
     set_nonfinite_policy(options.nonfinite);
     set_threads(options.threads);
   }
@@ -209,8 +209,8 @@ class ShardedOptimizer {
     if (index_.count(std::string(name)))
       throw std::invalid_argument("name: parameter '" + std::string(name) + "' is already registered");
     checked_tier(tier, "tier of '" + std::string(name) + "'");
-    check_param(name, param);
-    check_grad(name, param, grad);
+    skewadam::detail::check_param(name, param);
+    skewadam::detail::check_grad(name, param, grad);
 
     Entry e;
     e.name = std::string(name);
@@ -240,7 +240,7 @@ class ShardedOptimizer {
 
   void set_grad(ParamId id, GradView grad) {
     Entry& e = entry(id);
-    check_grad(e.name, e.param, grad);
+    skewadam::detail::check_grad(e.name, e.param, grad);
     e.grad = grad;
   }
   void clear_grad(ParamId id) { entry(id).grad = GradView{}; }
@@ -271,25 +271,8 @@ class ShardedOptimizer {
   }
 
   // ------------------------------------------------------ hyperparameters
-  const Hyperparameters& hyperparameters(Tier t) const { return hyper_[checked_tier(t)]; }
-  void set_hyperparameters(Tier t, const Hyperparameters& h) {
-    checked_tier(t);
-    validate(h, std::string(tier_name(t)));
-    hyper_[t] = h;
-  }
-  void set_lr(double lr) {
-    for (Tier t : all_tiers) check_lr(lr, std::string(tier_name(t)) + ".lr");
-    for (Tier t : all_tiers) hyper_[t].lr = lr;
-  }
-  void set_lr(Tier t, double lr) {
-    checked_tier(t);
-    check_lr(lr, std::string(tier_name(t)) + ".lr");
-    hyper_[t].lr = lr;
-  }
-  void set_lr_schedule(Schedule schedule) {
-    for (Tier t : all_tiers) schedules_[t] = schedule;
-  }
-  void set_lr_schedule(Tier t, Schedule schedule) { schedules_[checked_tier(t)] = std::move(schedule); }
+  // hyperparameters(), set_hyperparameters(), set_lr(), set_lr_schedule():
+  // TierSettings (tier_settings.hpp).
 
   /// Threads per rank; 0 selects the hardware's count.
   void set_threads(int n) {
@@ -321,11 +304,9 @@ class ShardedOptimizer {
   }
   /// As Optimizer::clip_grad_norm (collective).
   double clip_grad_norm(double max_norm) {
-    if (!(max_norm > 0.0) || std::isnan(max_norm))
-      throw std::invalid_argument("max_norm = " + std::to_string(max_norm) + ": must be > 0");
+    skewadam::detail::check_max_norm(max_norm);
     const double norm = grad_norm();
-    const double scale = max_norm / (norm + 1e-6);
-    grad_scale_ = std::isfinite(norm) && scale < 1.0 ? scale : 1.0;
+    grad_scale_ = skewadam::detail::grad_clip_scale(norm, max_norm);
     return norm;
   }
   double pending_grad_scale() const noexcept { return grad_scale_; }
@@ -336,13 +317,7 @@ class ShardedOptimizer {
   /// else std::invalid_argument on every rank and nothing changes).
   StepReport step() {
     const std::int64_t t_global = steps_ + 1;
-    PerTier<Hyperparameters> h = hyper_;
-    for (Tier t : all_tiers) {
-      if (!schedules_[t]) continue;
-      const double lr = schedules_[t](t_global);
-      check_lr(lr, "lr schedule of tier " + std::string(tier_name(t)) + " at step " + std::to_string(t_global));
-      h[t].lr = lr;
-    }
+    PerTier<Hyperparameters> h = hyperparameters_at(t_global);
     step_hyper_ = h;
     last_exchange_bytes_ = 0;
     stepped_.clear();
@@ -1092,36 +1067,12 @@ class ShardedOptimizer {
   }
   const Entry& entry(ParamId id) const { return const_cast<ShardedOptimizer*>(this)->entry(id); }
 
-  static void check_lr(double lr, const std::string& what) {
-    if (!(lr >= 0.0) || !std::isfinite(lr))
-      throw std::invalid_argument(what + " = " + std::to_string(lr) + ": must be finite and >= 0");
-  }
-  static void check_param(std::string_view name, const ParamView& p) {
-    const std::string who = "param of '" + std::string(name) + "'";
-    if (p.shape.rank() < 1) throw std::invalid_argument(who + ": shape has rank 0 (a view must have rank >= 1)");
-    if (p.dtype != Dtype::f32 && p.dtype != Dtype::bf16 && p.dtype != Dtype::f16)
-      throw std::invalid_argument(who + ": unknown dtype");
-    if (p.data == nullptr && p.numel() > 0) throw std::invalid_argument(who + ": null data pointer");
-  }
-  static void check_grad(std::string_view name, const ParamView& p, const GradView& g) {
-    if (!g.present()) return;
-    const std::string who = "grad of '" + std::string(name) + "'";
-    if (!(g.shape == p.shape))
-      throw std::invalid_argument(who + ": shape " + g.shape.str() + " does not match the parameter's " +
-                                  p.shape.str());
-    if (g.dtype != Dtype::f32 && g.dtype != p.dtype)
-      throw std::invalid_argument(who + ": dtype " + std::string(dtype_name(g.dtype)) +
-                                  " must be f32 or the parameter's dtype " + std::string(dtype_name(p.dtype)));
-    if (g.data == nullptr && g.numel() > 0) throw std::invalid_argument(who + ": null data pointer");
-  }
 
   Comm* comm_;
   std::uint64_t seed_ = 0;
   ShardOptions shard_;
   std::vector<Entry> entries_;
   std::unordered_map<std::string, index_t> index_;
-  PerTier<Hyperparameters> hyper_;
-  PerTier<Schedule> schedules_;
   PerTier<Hyperparameters> step_hyper_;  ///< this step's, schedules applied
   std::int64_t steps_ = 0;
   double grad_scale_ = 1.0;

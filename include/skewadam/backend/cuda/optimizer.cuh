@@ -62,6 +62,7 @@
 #include "../../tensor_view.hpp"
 #include "../../tier.hpp"
 #include "../../tier_rules.hpp"
+#include "../../tier_settings.hpp"
 #include "device_buffer.cuh"
 #include "kernels.cuh"
 
@@ -120,20 +121,19 @@ struct Options {
 };
 
 template <class Tiers = SkewAdamTiers>
-class Optimizer {
+class Optimizer : public TierSettings {
  public:
   using tiers = Tiers;
-  using Schedule = std::function<double(std::int64_t)>;
+  using Schedule = TierSettings::Schedule;
 
   Optimizer() : Optimizer(Hyperparameters{}) {}
   explicit Optimizer(const Hyperparameters& all, Options options = {})
-      : Optimizer(std::array<Hyperparameters, 3>{all, all, all}, options) {}
+      : Optimizer(PerTier<Hyperparameters>{all, all, all}, options) {}
   /// Hyperparameters of the backbone, experts and router tiers.
   explicit Optimizer(const std::array<Hyperparameters, 3>& per_tier, Options options = {})
-      : seed_(options.seed), stream_(options.stream) {
-    for (Tier t : all_tiers) validate(per_tier[idx(t)], std::string(tier_name(t)));
-    hyper_ = per_tier;
-  }
+      : Optimizer(PerTier<Hyperparameters>{per_tier[0], per_tier[1], per_tier[2]}, options) {}
+  explicit Optimizer(const PerTier<Hyperparameters>& per_tier, Options options = {})
+      : TierSettings(per_tier), seed_(options.seed), stream_(options.stream) {}
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
   ~Optimizer() {
@@ -242,22 +242,8 @@ class Optimizer {
   Tier tier(ParamId id) const { return entry(id).tier; }
 
   // ------------------------------------------------------ hyperparameters
-  const Hyperparameters& hyperparameters(Tier t) const { return hyper_[idx(checked(t))]; }
-  void set_hyperparameters(Tier t, const Hyperparameters& h) {
-    validate(h, std::string(tier_name(checked(t))));
-    hyper_[idx(t)] = h;
-  }
-  void set_lr(double lr) {
-    for (Tier t : all_tiers) check_lr(lr, std::string(tier_name(t)) + ".lr");
-    for (Tier t : all_tiers) hyper_[idx(t)].lr = lr;
-  }
-  void set_lr(Tier t, double lr) {
-    check_lr(lr, std::string(tier_name(checked(t))) + ".lr");
-    hyper_[idx(t)].lr = lr;
-  }
-  void set_lr_schedule(Schedule s) {
-    for (auto& x : schedules_) x = s;
-  }
+  // hyperparameters(), set_hyperparameters(), set_lr(), set_lr_schedule():
+  // TierSettings (tier_settings.hpp).
   /// From now on the lr of tier k (backbone, experts, router) is read from
   /// lr[k] in device memory when each step runs; null goes back to the host
   /// values. The pointer must stay valid while steps are enqueued.
@@ -280,16 +266,9 @@ class Optimizer {
   /// Does not wait for the device.
   void step() {
     const std::int64_t t_global = steps_ + 1;
+    const PerTier<Hyperparameters> h = hyperparameters_at(t_global);
     backend::cuda::TierHyper th;
-    for (Tier t : all_tiers) {
-      Hyperparameters h = hyper_[idx(t)];
-      if (schedules_[idx(t)]) {
-        const double lr = schedules_[idx(t)](t_global);
-        check_lr(lr, "lr schedule of tier " + std::string(tier_name(t)) + " at step " + std::to_string(t_global));
-        h.lr = lr;
-      }
-      th.h[idx(t)] = h;
-    }
+    for (Tier t : all_tiers) th.h[idx(t)] = h[t];
     if (!entries_.empty()) {
       if (tasks_dirty_) {
         // from pageable memory: staged before the call returns
@@ -366,11 +345,6 @@ class Optimizer {
   };
 
   static int idx(Tier t) noexcept { return t == Tier::backbone ? 0 : (t == Tier::experts ? 1 : 2); }
-  static Tier checked(Tier t) {
-    if (t != Tier::backbone && t != Tier::experts && t != Tier::router)
-      throw std::invalid_argument("tier: unknown value " + std::to_string(static_cast<int>(t)));
-    return t;
-  }
 
   template <class T>
   static T* alloc(Entry&, backend::cuda::DeviceBuffer<T>& buf, std::size_t n, bool zero) {
@@ -476,11 +450,6 @@ class Optimizer {
   }
   const Entry& entry(ParamId id) const { return const_cast<Optimizer*>(this)->entry(id); }
 
-  static void check_lr(double lr, const std::string& what) {
-    if (!(lr >= 0.0) || !std::isfinite(lr))
-      throw std::invalid_argument(what + " = " + std::to_string(lr) + ": must be finite and >= 0");
-  }
-
   static void check_device_pointer(const void* p, const std::string& who) {
     cudaPointerAttributes a{};
     const cudaError_t err = cudaPointerGetAttributes(&a, p);
@@ -541,8 +510,6 @@ class Optimizer {
 
   std::vector<std::unique_ptr<Entry>> entries_;
   std::unordered_map<std::string, index_t> index_;
-  std::array<Hyperparameters, 3> hyper_{};
-  std::array<Schedule, 3> schedules_{};
   std::uint64_t seed_ = 0;
   cudaStream_t stream_ = nullptr;
   const double* lr_device_ = nullptr;

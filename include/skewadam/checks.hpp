@@ -1,0 +1,55 @@
+#pragma once
+// The argument checks every CPU optimizer (Optimizer, dist::ShardedOptimizer)
+// makes of what a caller hands it: a parameter view, its gradient, a
+// learning rate, a gradient-norm bound. Each throws std::invalid_argument
+// naming the argument and the problem, before anything has changed.
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "dtype.hpp"
+#include "tensor_view.hpp"
+
+namespace skewadam::detail {
+
+inline void check_lr(double lr, const std::string& what) {
+  if (!(lr >= 0.0) || !std::isfinite(lr))
+    throw std::invalid_argument(what + " = " + std::to_string(lr) + ": must be finite and >= 0");
+}
+
+inline void check_param(std::string_view name, const ParamView& p) {
+  const std::string who = "param of '" + std::string(name) + "'";
+  if (p.shape.rank() < 1) throw std::invalid_argument(who + ": shape has rank 0 (a view must have rank >= 1)");
+  if (p.dtype != Dtype::f32 && p.dtype != Dtype::bf16 && p.dtype != Dtype::f16)
+    throw std::invalid_argument(who + ": unknown dtype");
+  if (p.data == nullptr && p.numel() > 0) throw std::invalid_argument(who + ": null data pointer");
+}
+
+inline void check_grad(std::string_view name, const ParamView& p, const GradView& g) {
+  if (!g.present()) return;
+  const std::string who = "grad of '" + std::string(name) + "'";
+  if (!(g.shape == p.shape))
+    throw std::invalid_argument(who + ": shape " + g.shape.str() + " does not match the parameter's " +
+                                p.shape.str());
+  if (g.dtype != Dtype::f32 && g.dtype != p.dtype)
+    throw std::invalid_argument(who + ": dtype " + std::string(dtype_name(g.dtype)) +
+                                " must be f32 or the parameter's dtype " + std::string(dtype_name(p.dtype)));
+  if (g.data == nullptr && g.numel() > 0) throw std::invalid_argument(who + ": null data pointer");
+}
+
+inline void check_max_norm(double max_norm) {
+  if (!(max_norm > 0.0) || std::isnan(max_norm))
+    throw std::invalid_argument("max_norm = " + std::to_string(max_norm) + ": must be > 0");
+}
+
+/// The factor clip_grad_norm applies to the gradients as they are read, as
+/// torch.nn.utils.clip_grad_norm_ computes it: min(max_norm / (norm + 1e-6), 1),
+/// and 1 when the norm is not finite.
+inline double grad_clip_scale(double norm, double max_norm) {
+  const double scale = max_norm / (norm + 1e-6);
+  return std::isfinite(norm) && scale < 1.0 ? scale : 1.0;
+}
+
+}  // namespace skewadam::detail
