@@ -26,6 +26,8 @@
 #include <skewadam_tools/cuda_runner.hpp>
 #include <skewadam_tools/golden_case.hpp>
 
+#include "../support/golden_dirs.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -34,23 +36,8 @@ using skewadam::bf16;
 using skewadam::Dtype;
 using skewadam::index_t;
 
-fs::path golden_dir() {
-#if defined(SKEWADAM_GOLDEN_DIR)
-  if (fs::is_directory(SKEWADAM_GOLDEN_DIR)) return SKEWADAM_GOLDEN_DIR;
-#endif
-  if (const char* env = std::getenv("SKEWADAM_GOLDEN_DIR")) return env;
-  return {};
-}
-
-std::vector<fs::path> golden_cases() {
-  std::vector<fs::path> out;
-  const fs::path dir = golden_dir();
-  if (dir.empty() || !fs::is_directory(dir)) return out;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_directory() && fs::exists(e.path() / "case.json")) out.push_back(e.path());
-  std::sort(out.begin(), out.end());
-  return out;
-}
+using skewadam::test::golden_cases;
+using skewadam::test::golden_dir;
 
 /// xorshift64: deterministic test data.
 struct Rng {

@@ -24,6 +24,8 @@
 #include <skewadam/skewadam.hpp>
 #include <skewadam_tools/golden_case.hpp>
 
+#include "../support/golden_dirs.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -125,22 +127,10 @@ struct EmulatedTensor {
   }
 };
 
-fs::path golden_dir() {
-#if defined(SKEWADAM_GOLDEN_DIR)
-  if (fs::is_directory(SKEWADAM_GOLDEN_DIR)) return SKEWADAM_GOLDEN_DIR;
-#endif
-  if (const char* env = std::getenv("SKEWADAM_GOLDEN_DIR")) return env;
-  return {};
-}
-
 }  // namespace
 
 TEST_CASE("CUDA kernels, emulated on host threads: every golden case") {
-  std::vector<fs::path> cases;
-  if (const fs::path dir = golden_dir(); !dir.empty() && fs::is_directory(dir))
-    for (const auto& e : fs::directory_iterator(dir))
-      if (e.is_directory() && fs::exists(e.path() / "case.json")) cases.push_back(e.path());
-  std::sort(cases.begin(), cases.end());
+  const std::vector<fs::path> cases = skewadam::test::golden_cases();
   REQUIRE_MESSAGE(!cases.empty(), "no golden cases found");
   for (const fs::path& dir : cases) {
     const auto c = skewadam::tools::load_golden_case(dir);

@@ -16,29 +16,16 @@
 #include <skewadam/skewadam.hpp>
 #include <skewadam_tools/golden_case.hpp>
 
+#include "golden_dirs.hpp"
+
 #include "cpu_archs.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-fs::path golden_dir() {
-#if defined(SKEWADAM_GOLDEN_DIR)
-  if (fs::is_directory(SKEWADAM_GOLDEN_DIR)) return SKEWADAM_GOLDEN_DIR;
-#endif
-  if (const char* env = std::getenv("SKEWADAM_GOLDEN_DIR")) return env;
-  return {};
-}
-
-std::vector<fs::path> golden_cases() {
-  std::vector<fs::path> out;
-  const fs::path dir = golden_dir();
-  if (dir.empty() || !fs::is_directory(dir)) return out;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_directory() && fs::exists(e.path() / "case.json")) out.push_back(e.path());
-  std::sort(out.begin(), out.end());
-  return out;
-}
+using skewadam::test::golden_cases;
+using skewadam::test::golden_dir;
 
 }  // namespace
 
