@@ -474,7 +474,6 @@ class Optimizer : public TierSettings {
   }
   const Entry& entry(ParamId id) const { return const_cast<Optimizer*>(this)->entry(id); }
 
-
   /// Bytes [lo, hi) of a contiguous view.
   static std::pair<std::uintptr_t, std::uintptr_t> byte_range(const void* data, index_t numel, Dtype dtype) {
     const auto lo = reinterpret_cast<std::uintptr_t>(data);
@@ -511,8 +510,6 @@ class Optimizer : public TierSettings {
       throw std::invalid_argument("grad of '" + std::string(name) + "': its memory overlaps parameter '" +
                                   entries_[static_cast<std::size_t>(*other)].name + "'");
   }
-
-
 
   static double grad_sum_squares(const GradView& g) {
     const index_t n = g.numel();

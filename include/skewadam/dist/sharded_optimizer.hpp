@@ -1067,7 +1067,6 @@ class ShardedOptimizer : public TierSettings {
   }
   const Entry& entry(ParamId id) const { return const_cast<ShardedOptimizer*>(this)->entry(id); }
 
-
   Comm* comm_;
   std::uint64_t seed_ = 0;
   ShardOptions shard_;
