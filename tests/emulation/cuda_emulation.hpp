@@ -128,13 +128,3 @@ template <class T>
 T __ldcg(const T* p) {
   return *p;
 }
-
-inline int __any_sync(unsigned /*mask*/, int p) {
-  const unsigned w = threadIdx.x / 32, l = threadIdx.x % 32;
-  emu::block->buf[w][l] = p ? 1.0 : 0.0;
-  emu::block->warps[w]->arrive_and_wait();
-  int any = 0;
-  for (int k = 0; k < 32; ++k) any |= emu::block->buf[w][k] != 0.0;
-  emu::block->warps[w]->arrive_and_wait();
-  return any;
-}
