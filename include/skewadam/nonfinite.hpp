@@ -172,13 +172,13 @@ inline bool all_finite(const float* x, std::size_t n) noexcept {
 /// the limit).
 template <class G, bool Factored>
 struct GradientScan {
-  static void statistics(const backend::TensorTask& t, const backend::Unit& u, float* /*scratch*/) {
+  static void statistics(const backend::TensorTask& t, const backend::Unit& u, backend::Scratch /*scratch*/) {
     const G* g = static_cast<const G*>(t.grad) + u.matrix * t.geom.matrix_size();
     const index_t at = first_offending(g + u.begin, u.end - u.begin, t.scalars.grad_scale,
                                        gradient_limit(t.geom, Factored));
     t.unit_sum[u.block] = static_cast<double>(at);
   }
-  static void finalize(const backend::TensorTask& /*t*/, float* /*scratch*/) {}
+  static void finalize(const backend::TensorTask& /*t*/, backend::Scratch /*scratch*/) {}
   static const backend::KernelTable* table() noexcept {
     static constexpr backend::KernelTable k{&statistics, &finalize, nullptr};
     return &k;
@@ -204,8 +204,8 @@ struct PhaseKernels {
   backend::KernelTable apply_only{};
 };
 
-inline void no_statistics(const backend::TensorTask&, const backend::Unit&, float*) {}
-inline void no_finalize(const backend::TensorTask&, float*) {}
+inline void no_statistics(const backend::TensorTask&, const backend::Unit&, backend::Scratch) {}
+inline void no_finalize(const backend::TensorTask&, backend::Scratch) {}
 
 inline PhaseKernels split_phases(const backend::KernelTable* full) noexcept {
   return PhaseKernels{full, {full->statistics, full->finalize, nullptr}, {&no_statistics, &no_finalize, full->apply}};

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.hpp"
+#include "backend/cpu/summation.hpp"
 #include "backend/work.hpp"
 #include "checks.hpp"
 #include "config.hpp"
@@ -511,27 +512,20 @@ class Optimizer : public TierSettings {
                                   entries_[static_cast<std::size_t>(*other)].name + "'");
   }
 
+  /// Sum of squares of a gradient, in double and blocked (backend/cpu/summation.hpp).
   static double grad_sum_squares(const GradView& g) {
-    const index_t n = g.numel();
-    double s = 0;
+    const auto squares = [&]<class T>(const T* x) {
+      return backend::cpu::wide_sum(g.numel(), [x](index_t i) {
+        const double v = static_cast<double>(to_float(x[i]));
+        return v * v;
+      });
+    };
     switch (g.dtype) {
-      case Dtype::f32:
-        for (index_t i = 0; i < n; ++i) s += static_cast<double>(g.as<float>()[i]) * g.as<float>()[i];
-        break;
-      case Dtype::bf16:
-        for (index_t i = 0; i < n; ++i) {
-          const double x = to_float(g.as<bf16>()[i]);
-          s += x * x;
-        }
-        break;
-      case Dtype::f16:
-        for (index_t i = 0; i < n; ++i) {
-          const double x = to_float(g.as<f16>()[i]);
-          s += x * x;
-        }
-        break;
+      case Dtype::f32: return squares(g.as<float>());
+      case Dtype::bf16: return squares(g.as<bf16>());
+      case Dtype::f16: return squares(g.as<f16>());
     }
-    return s;
+    return 0.0;
   }
 
   /// The backend's kernel table for (Rule, P, G) and its two phases.

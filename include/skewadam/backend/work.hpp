@@ -68,17 +68,46 @@ struct Unit {
   index_t block = 0;
 };
 
+/// The calling thread's scratch, never shared between threads: room for
+/// Scratch::floats(cols) floats and Scratch::doubles(cols) doubles, cols
+/// being the widest factored matrix registered.
+struct Scratch {
+  float* f = nullptr;
+  double* d = nullptr;
+  static constexpr index_t floats(index_t cols) { return 3 * cols; }
+  static constexpr index_t doubles(index_t cols) { return 2 * cols; }
+};
+
+/// A Scratch for each of `threads` threads, on separate cache lines.
+class ScratchSpace {
+ public:
+  void resize(int threads, index_t cols) {
+    fstride_ = static_cast<std::size_t>((Scratch::floats(cols) + 15) / 16 * 16 + 16);
+    dstride_ = static_cast<std::size_t>((Scratch::doubles(cols) + 7) / 8 * 8 + 8);
+    const auto n = static_cast<std::size_t>(std::max(threads, 1));
+    floats_.assign(fstride_ * n, 0.0f);
+    doubles_.assign(dstride_ * n, 0.0);
+  }
+  Scratch at(int thread) {
+    const auto k = static_cast<std::size_t>(thread);
+    return Scratch{floats_.data() + k * fstride_, doubles_.data() + k * dstride_};
+  }
+
+ private:
+  std::size_t fstride_ = 0, dstride_ = 0;
+  std::vector<float> floats_;
+  std::vector<double> doubles_;
+};
+
 /// Function table of one (rule, parameter dtype, gradient dtype, arch).
-/// `scratch` is the calling thread's room for 3 * cols floats (cols: the
-/// widest factored matrix registered), never shared between threads.
 struct KernelTable {
   /// Statistics pass (and, for an element-wise rule without clipping, the
   /// whole update).
-  void (*statistics)(const TensorTask&, const Unit&, float* scratch);
+  void (*statistics)(const TensorTask&, const Unit&, Scratch scratch);
   /// Combines per-unit partials, finishes statistics, computes clip divisors.
-  void (*finalize)(const TensorTask&, float* scratch);
+  void (*finalize)(const TensorTask&, Scratch scratch);
   /// Applies the update; null when statistics() already did.
-  void (*apply)(const TensorTask&, const Unit&, float* scratch);
+  void (*apply)(const TensorTask&, const Unit&, Scratch scratch);
 };
 
 /// Work-cutting constants (shape-only, never thread-dependent).

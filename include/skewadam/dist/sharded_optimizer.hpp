@@ -84,18 +84,20 @@ struct ShardKernels {
   bool clip = false;
   bool apply_pass = false;
   /// Factored: statistics of rows [r0, r1) of the task's matrix 0 into colsum, d.
-  void (*rows)(const backend::TensorTask&, index_t r0, index_t r1, float* colsum, float* d) = nullptr;
+  void (*rows)(const backend::TensorTask&, index_t r0, index_t r1, float* colsum, float* d,
+               backend::Scratch scratch) = nullptr;
   /// Factored, a matrix owned whole: what the single-process backend does
   /// after the statistics pass (C_j, vbar, sum of u^2), from nb row blocks.
-  void (*finalize_whole)(const backend::TensorTask&, float* colsum, float* d, index_t nb, float* w) = nullptr;
+  void (*finalize_whole)(const backend::TensorTask&, float* colsum, float* d, index_t nb,
+                         backend::Scratch scratch) = nullptr;
   /// Factored, a matrix cut between ranks: C_j from the summed column sums,
   /// vbar from the summed R_i, then this slice's sum of u^2 (returned).
   double (*finish_cut)(const backend::TensorTask&, index_t rows, const float* colsum, double sum_r, float* d,
-                       float* w) = nullptr;
+                       backend::Scratch scratch) = nullptr;
   /// Element-wise: the statistics pass of one chunk.
   void (*elementwise)(const backend::TensorTask&, const backend::Unit&) = nullptr;
-  /// The apply pass of one unit; w is room for c floats.
-  void (*apply)(const backend::TensorTask&, const backend::Unit&, float* w) = nullptr;
+  /// The apply pass of one unit.
+  void (*apply)(const backend::TensorTask&, const backend::Unit&, backend::Scratch scratch) = nullptr;
 };
 
 template <class Rule, class P, class G, class Arch>
@@ -104,23 +106,21 @@ struct ShardKernelsOf {
   using S = typename K::S;
   using C = typename K::C;
 
-  static void rows(const backend::TensorTask& t, index_t r0, index_t r1, float* colsum, float* d) {
-    if constexpr (S::factored) {
-      std::fill(colsum, colsum + t.geom.cols, 0.0f);
-      std::fill(d, d + t.geom.cols, 0.0f);
-      K::factored_rows(t, 0, r0, r1, colsum, d);
-    }
+  static void rows(const backend::TensorTask& t, index_t r0, index_t r1, float* colsum, float* d,
+                   backend::Scratch scratch) {
+    if constexpr (S::factored) K::factored_rows(t, 0, r0, r1, colsum, d, scratch.d);
   }
 
-  static void finalize_whole(const backend::TensorTask& t, float* colsum, float* d, index_t nb, float* w) {
-    if constexpr (S::factored) K::finalize_matrix(t, 0, colsum, d, nb, w);
+  static void finalize_whole(const backend::TensorTask& t, float* colsum, float* d, index_t nb,
+                             backend::Scratch scratch) {
+    if constexpr (S::factored) K::finalize_matrix(t, 0, colsum, d, nb, scratch);
   }
 
   /// As K::finalize_matrix with one block, except that the column sums and
   /// the sum of R_i are totals over every rank's slice of a matrix of `rows`
   /// rows, and the returned sum of u^2 is this slice's share.
   static double finish_cut(const backend::TensorTask& t, index_t rows, const float* colsum, double sum_r, float* d,
-                           float* w) {
+                           backend::Scratch scratch) {
     if constexpr (S::factored) {
       const typename K::Ctx x(t);
       const StepScalars& s = x.s;
@@ -137,13 +137,8 @@ struct ShardKernelsOf {
         for (index_t i = 0; i < r && !any; ++i) any = rs[i] > 0.0f && S::row_floored(rs[i], vbar, s);
         double floored_sum = 0;
         if (any) {
-          K::inverse_col_factors(t, x, 0, w);
-          std::fill(d, d + c, 0.0f);
-          for (index_t i = 0; i < r; ++i) {
-            if (!(rs[i] > 0.0f)) continue;
-            if (S::row_floored(rs[i], vbar, s)) floored_sum += K::row_sum_u2(t, x, 0, i, vbar, w);
-            else K::accumulate_d(x, i * c, 1.0f / rs[i], d);
-          }
+          K::inverse_col_factors(t, x, 0, scratch.f);
+          floored_sum = K::floored_rows(t, x, 0, 0, r, vbar, scratch.f, d, scratch.d);
         }
         double sum = 0;
         for (index_t j = 0; j < c; ++j) {
@@ -160,8 +155,8 @@ struct ShardKernelsOf {
     if constexpr (!S::factored) K::elementwise_statistics(t, u);
   }
 
-  static void apply(const backend::TensorTask& t, const backend::Unit& u, float* w) {
-    if constexpr (S::factored || C::active) K::apply(t, u, w);
+  static void apply(const backend::TensorTask& t, const backend::Unit& u, backend::Scratch scratch) {
+    if constexpr (S::factored || C::active) K::apply(t, u, scratch);
   }
 
   static const ShardKernels* table() {
@@ -335,7 +330,7 @@ class ShardedOptimizer : public TierSettings {
 
     // 1. statistics, and everything of matrices owned whole
     build_tasks(h);
-    for_each_work([this](Work& w, float* scratch) { statistics(w, scratch); });
+    for_each_work([this](Work& w, backend::Scratch scratch) { statistics(w, scratch); });
 
     // 2. the statistics exchange: column sums and sum of R_i of cut matrices
     pack_statistics();
@@ -346,7 +341,7 @@ class ShardedOptimizer : public TierSettings {
     clip_divisors();
 
     // 4. apply
-    for_each_work([this](Work& w, float* scratch) { apply(w, scratch); });
+    for_each_work([this](Work& w, backend::Scratch scratch) { apply(w, scratch); });
 
     for (std::size_t i : stepped_) ++entries_[i].state.step;
     ++steps_;
@@ -661,11 +656,8 @@ class ShardedOptimizer : public TierSettings {
     return backend::Unit{0, 0, begin, std::min(n, begin + backend::Cutting::chunk_elems), k};
   }
 
-  /// Room for 3 * max_cols_ floats per thread, on separate cache lines.
-  void resize_scratch() {
-    stride_ = static_cast<std::size_t>((3 * max_cols_ + 15) / 16 * 16 + 16);
-    scratch_.assign(stride_ * static_cast<std::size_t>(std::max(threads_, 1)), 0.0f);
-  }
+  /// A backend::Scratch per thread for matrices of up to max_cols_ columns.
+  void resize_scratch() { scratch_.resize(threads_, max_cols_); }
 
   /// Runs f(work, scratch) for every piece of the step, on up to threads_
   /// threads (no more than one per Cutting::chunk_elems elements).
@@ -680,14 +672,14 @@ class ShardedOptimizer : public TierSettings {
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
     for (std::int64_t k = 0; k < n; ++k)
-      f(work_[static_cast<std::size_t>(k)], scratch_.data() + static_cast<std::size_t>(omp_get_thread_num()) * stride_);
+      f(work_[static_cast<std::size_t>(k)], scratch_.at(omp_get_thread_num()));
 #else
     (void)nthreads;
-    for (std::int64_t k = 0; k < n; ++k) f(work_[static_cast<std::size_t>(k)], scratch_.data());
+    for (std::int64_t k = 0; k < n; ++k) f(work_[static_cast<std::size_t>(k)], scratch_.at(0));
 #endif
   }
 
-  void statistics(Work& w, float* scratch) {
+  void statistics(Work& w, backend::Scratch scratch) {
     Entry& e = entries_[w.entry];
     const backend::TensorTask& t = w.task;
     const index_t c = t.geom.cols;
@@ -695,11 +687,9 @@ class ShardedOptimizer : public TierSettings {
       const index_t nb = t.row_blocks;
       const index_t r = t.geom.rows;
       for (index_t k = 0; k < nb; ++k)
-        w.kernels->rows(t, r * k / nb, r * (k + 1) / nb, t.col_partial + k * c, t.d_partial + k * c);
+        w.kernels->rows(t, r * k / nb, r * (k + 1) / nb, t.col_partial + k * c, t.d_partial + k * c, scratch);
       if (e.split.cuts_matrices()) {
-        double s = 0;
-        for (index_t i = 0; i < r; ++i) s += t.v_row[i];
-        e.piece_r[w.piece] = s;
+        e.piece_r[w.piece] = backend::cpu::wide_sum(r, [&](index_t i) { return static_cast<double>(t.v_row[i]); });
       } else {
         w.kernels->finalize_whole(t, t.col_partial, t.d_partial, nb, scratch);
       }
@@ -770,7 +760,7 @@ class ShardedOptimizer : public TierSettings {
         }
         Work* w = find_work(i, q);
         e.piece_u2[q] = w->kernels->finish_cut(w->task, g.rows, total.data(), sum_r, w->task.d_partial,
-                                               scratch_.data());
+                                               scratch_.at(0));
         ++q;
       }
     }
@@ -868,7 +858,7 @@ class ShardedOptimizer : public TierSettings {
     return Rule::clip::divisor(sum, count, s);
   }
 
-  void apply(Work& w, float* scratch) {
+  void apply(Work& w, backend::Scratch scratch) {
     if (!w.kernels->apply_pass) return;
     const backend::TensorTask& t = w.task;
     if (t.factored) {
@@ -1051,12 +1041,10 @@ class ShardedOptimizer : public TierSettings {
   static double grad_sum_squares(const Entry& e, const Piece& p) {
     const index_t first = e.split.first_element(p);
     const index_t n = e.split.elements(p);
-    double s = 0;
-    for (index_t i = first; i < first + n; ++i) {
-      const double x = grad_value(e.grad, i);
-      s += x * x;
-    }
-    return s;
+    return backend::cpu::wide_sum(n, [&](index_t i) {
+      const double x = grad_value(e.grad, first + i);
+      return x * x;
+    });
   }
 
   // ---------------------------------------------------------- checks
@@ -1080,11 +1068,10 @@ class ShardedOptimizer : public TierSettings {
   index_t max_cols_ = 0;
   index_t last_exchange_bytes_ = 0;
   int threads_ = 1;
-  std::size_t stride_ = 16;
   // reused every step
   std::vector<std::size_t> stepped_;
   std::vector<Work> work_;
-  std::vector<float> scratch_;
+  backend::ScratchSpace scratch_;
   std::vector<std::byte> stats_out_, stats_in_;
   std::vector<double> clip_out_, clip_in_;
   std::vector<float> floats_, floats2_;

@@ -96,9 +96,9 @@ class CpuBackend {
 #endif
     {
 #if defined(_OPENMP)
-      float* scratch = scratch_.data() + static_cast<std::size_t>(omp_get_thread_num()) * stride_;
+      const Scratch scratch = scratch_.at(omp_get_thread_num());
 #else
-      float* scratch = scratch_.data();
+      const Scratch scratch = scratch_.at(0);
 #endif
 #if defined(_OPENMP)
 #pragma omp for schedule(dynamic, 1) nowait
@@ -126,16 +126,15 @@ class CpuBackend {
   }
 
  private:
-  void resize_scratch() {
-    // 3 * cols floats per thread, padded to separate cache lines.
-    stride_ = static_cast<std::size_t>((3 * max_cols_ + 15) / 16 * 16 + 16);
-    scratch_.assign(stride_ * static_cast<std::size_t>(std::max(threads_, 1)), 0.0f);
-  }
+  void resize_scratch() { scratch_.resize(threads_, max_cols_); }
 
   int threads_ = hardware_threads();
   index_t max_cols_ = 0;
-  std::size_t stride_ = 16;
-  std::vector<float> scratch_ = std::vector<float>(static_cast<std::size_t>(16 * hardware_threads()));
+  ScratchSpace scratch_ = [] {
+    ScratchSpace s;
+    s.resize(hardware_threads(), 0);
+    return s;
+  }();
   std::vector<index_t> pending_;  ///< accessed through std::atomic_ref during run()
 };
 

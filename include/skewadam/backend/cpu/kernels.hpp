@@ -49,6 +49,12 @@
 // entry (pointers and per-step scalars): stores through float pointers then
 // cannot alias them, so the compiler keeps them in registers.
 //
+// Every sum is blocked (summation.hpp): its error is bounded by about 65 fp32
+// ulps of the sum whatever the length of the row, the column or the tensor.
+// Rows are read in blocks of sum_block rows, at the end of which the column
+// sums and D_j of the block are folded into double arrays (the thread's
+// Scratch::d); a unit's partials are rounded to fp32 once, at its end.
+//
 // Determinism: the work is cut by shape (backend/work.hpp); per-unit partials
 // are combined in unit order, so the bits do not depend on thread count.
 
@@ -60,6 +66,7 @@
 #include "../../update_rule.hpp"
 #include "../work.hpp"
 #include "simd.hpp"
+#include "summation.hpp"
 
 namespace skewadam::backend::cpu {
 
@@ -124,9 +131,9 @@ struct Kernels {
     const Ctx x(t);
     const StepScalars& s = x.s;
     const index_t base = unit.matrix * t.geom.matrix_size();
-    Accumulator<V> acc;
+    BlockedSum<V> acc;
     Rng rng(t.key);
-    for_lanes<V>(base + unit.begin, base + unit.end, [&]<class W>(index_t off) {
+    for_blocks<V>(base + unit.begin, base + unit.end, [&]<class W>(index_t off) {
       const W g = grad_at<W>(x, off);
       W m = vmath::splat<W>(0.0f);
       if constexpr (M::has_state) {
@@ -138,8 +145,8 @@ struct Kernels {
       const W u = M::numerator(g, m, s) / S::denominator(v, s);
       if constexpr (C::active) acc.add(u * u);
       else update_param(x, off, vmath::splat<W>(s.lr) * u, rng);
-    });
-    if constexpr (C::active) t.unit_sum[unit.block] = static_cast<double>(acc.total());
+    }, [&] { acc.fold(); });
+    if constexpr (C::active) t.unit_sum[unit.block] = acc.sum();
   }
 
   static void elementwise_apply(const TensorTask& t, const Unit& unit) {
@@ -163,10 +170,10 @@ struct Kernels {
   /// Sweep 1 over K rows starting at `off`: row sums of g^2 into sums[k],
   /// colsum_j += g_kj^2 in row order, momentum update.
   template <int K>
-  static SKEWADAM_ALWAYS_INLINE void group_sums(const Ctx& x, index_t off, float* colsum, float* sums) {
+  static SKEWADAM_ALWAYS_INLINE void group_sums(const Ctx& x, index_t off, float* colsum, double* sums) {
     const index_t c = x.cols;
-    Accumulator<V> acc[K];
-    for_lanes<V>(0, c, [&]<class W>(index_t j) {
+    BlockedSum<V> acc[K];
+    for_blocks<V>(0, c, [&]<class W>(index_t j) {
       W cs = load_as<W>(colsum + j);
       for (int k = 0; k < K; ++k) {
         const index_t o = off + k * c + j;
@@ -177,8 +184,10 @@ struct Kernels {
         if constexpr (M::has_state) store_f32(x.m + o, M::update(load_as<W>(x.m + o), g, x.s));
       }
       store_f32(colsum + j, cs);
+    }, [&] {
+      for (int k = 0; k < K; ++k) acc[k].fold();
     });
-    for (int k = 0; k < K; ++k) sums[k] = acc[k].total();
+    for (int k = 0; k < K; ++k) sums[k] = acc[k].sum();
   }
 
   /// Sweep 2 over the same K rows (now in cache): D_j += n_kj^2 * inv_r[k]
@@ -201,13 +210,13 @@ struct Kernels {
   static SKEWADAM_ALWAYS_INLINE void statistics_group(const TensorTask& t, const Ctx& x, index_t b, index_t i,
                                                       float* colsum, float* d) {
     const index_t off = (b * x.rows + i) * x.cols;
-    const float fc = static_cast<float>(x.cols);
-    float sums[K];
+    const double fc = static_cast<double>(x.cols);
+    double sums[K];
     float inv_r[K];
     group_sums<K>(x, off, colsum, sums);
     float* rs = t.v_row + b * x.rows + i;
     for (int k = 0; k < K; ++k) {
-      rs[k] = S::update_statistic(rs[k], sums[k] / fc, x.s);
+      rs[k] = S::update_statistic(rs[k], static_cast<float>(sums[k] / fc), x.s);
       inv_r[k] = rs[k] > 0.0f ? 1.0f / rs[k] : 0.0f;
     }
     if constexpr (C::active) group_d<K>(x, off, inv_r, d);
@@ -234,41 +243,81 @@ struct Kernels {
   static double row_sum_u2(const TensorTask& t, const Ctx& x, index_t b, index_t i, float vbar, const float* w) {
     const index_t off = (b * x.rows + i) * x.cols;
     const float inv_row = 1.0f / S::row_factor(t.v_row[b * x.rows + i], vbar, x.s);
-    Accumulator<V> acc;
-    for_lanes<V>(0, x.cols, [&]<class W>(index_t j) {
+    BlockedSum<V> acc;
+    for_blocks<V>(0, x.cols, [&]<class W>(index_t j) {
       const W u = numerator_at<W>(x, off + j) * (vmath::splat<W>(inv_row) * load_as<W>(w + j));
       acc.add(u * u);
-    });
-    return static_cast<double>(acc.total());
+    }, [&] { acc.fold(); });
+    return acc.sum();
   }
 
   /// Statistics of rows [r0, r1) of matrix b: R_i (final), column sums of g^2
-  /// into colsum, the momentum update, and D_j into d when clipping. Every
-  /// sum is formed in row order, so the grouping does not change the result.
-  static void factored_rows(const TensorTask& t, index_t b, index_t r0, index_t r1, float* colsum, float* d) {
+  /// into colsum[0, c), the momentum update, and D_j into d[0, c) when
+  /// clipping; `wide` is room for 2 c doubles. Rows are taken in blocks of
+  /// sum_block, each block's column sums folded into doubles (summation.hpp).
+  static void factored_rows(const TensorTask& t, index_t b, index_t r0, index_t r1, float* colsum, float* d,
+                            double* wide) {
     const Ctx x(t);
-    index_t i = r0;
-    for (; i + group_rows <= r1; i += group_rows) statistics_group<group_rows>(t, x, b, i, colsum, d);
-    for (; i < r1; ++i) statistics_group<1>(t, x, b, i, colsum, d);
+    const index_t c = x.cols;
+    std::fill(colsum, colsum + c, 0.0f);
+    std::fill(d, d + c, 0.0f);
+    std::fill(wide, wide + 2 * c, 0.0);
+    for (index_t i = r0; i < r1;) {
+      const index_t e = std::min(r1, i + sum_block);
+      for (; i + group_rows <= e; i += group_rows) statistics_group<group_rows>(t, x, b, i, colsum, d);
+      for (; i < e; ++i) statistics_group<1>(t, x, b, i, colsum, d);
+      fold_columns(colsum, wide, c);
+      if constexpr (C::active) fold_columns(d, wide + c, c);
+    }
+    round_columns(wide, colsum, c);
+    if constexpr (C::active) round_columns(wide + c, d, c);
+  }
+
+  /// Rows [i0, i1) of matrix b after the statistics pass, for the clip sum
+  /// when the eps floor binds on some of them: D_j of the rows that are not
+  /// floored into d[0, c) (blocked; `wide` is room for c doubles), and the
+  /// floored rows' own sum of u^2, formed as apply() forms u, returned.
+  /// `w` holds 1 / col_j.
+  static double floored_rows(const TensorTask& t, const Ctx& x, index_t b, index_t i0, index_t i1, float vbar,
+                             const float* w, float* d, double* wide) {
+    const index_t c = x.cols;
+    const float* rs = t.v_row + b * x.rows;
+    std::fill(d, d + c, 0.0f);
+    std::fill(wide, wide + c, 0.0);
+    double floored_sum = 0;
+    for (index_t i = i0; i < i1;) {
+      const index_t e = std::min(i1, i + sum_block);
+      for (; i < e; ++i) {
+        if (!(rs[i] > 0.0f)) continue;
+        if (S::row_floored(rs[i], vbar, x.s)) floored_sum += row_sum_u2(t, x, b, i, vbar, w);
+        else accumulate_d(x, (b * x.rows + i) * c, 1.0f / rs[i], d);
+      }
+      fold_columns(d, wide, c);
+    }
+    round_columns(wide, d, c);
+    return floored_sum;
   }
 
   /// Finishes matrix b from nb row-block partials (colsum[k*c..], d[k*c..]):
-  /// C_j, vbar, and sum(u^2) with floored rows handled exactly. `w` is room
-  /// for c floats.
-  static void finalize_matrix(const TensorTask& t, index_t b, float* colsum, float* d, index_t nb, float* w) {
+  /// C_j, vbar, and sum(u^2) with floored rows handled exactly. `scratch`
+  /// gives room for c floats and c doubles.
+  static void finalize_matrix(const TensorTask& t, index_t b, float* colsum, float* d, index_t nb, Scratch scratch) {
     const Ctx x(t);
     const StepScalars& s = x.s;
     const index_t r = x.rows;
     const index_t c = x.cols;
     const float fr = static_cast<float>(r);
-    for (index_t k = 1; k < nb; ++k)
-      for (index_t j = 0; j < c; ++j) colsum[j] += colsum[k * c + j];
+    if (nb > 1)
+      for (index_t j = 0; j < c; ++j) {
+        double sum = 0;
+        for (index_t k = 0; k < nb; ++k) sum += static_cast<double>(colsum[k * c + j]);
+        colsum[j] = static_cast<float>(sum);
+      }
     float* cs = t.v_col + b * c;
     for (index_t j = 0; j < c; ++j) cs[j] = S::update_statistic(cs[j], colsum[j] / fr, s);
 
     const float* rs = t.v_row + b * r;
-    double sum_r = 0;
-    for (index_t i = 0; i < r; ++i) sum_r += rs[i];
+    const double sum_r = wide_sum(r, [&](index_t i) { return static_cast<double>(rs[i]); });
     const float vbar = S::vbar(static_cast<float>(sum_r / static_cast<double>(r)));
     MatrixScratch& ms = t.matrices[b];
     ms.vbar = vbar;
@@ -282,16 +331,10 @@ struct Kernels {
         for (index_t i = i0; i < i1 && !any; ++i) any = rs[i] > 0.0f && S::row_floored(rs[i], vbar, s);
         if (!any) continue;
         if (!inverted) {
-          inverse_col_factors(t, x, b, w);
+          inverse_col_factors(t, x, b, scratch.f);
           inverted = true;
         }
-        float* dk = d + k * c;
-        std::fill(dk, dk + c, 0.0f);
-        for (index_t i = i0; i < i1; ++i) {
-          if (!(rs[i] > 0.0f)) continue;
-          if (S::row_floored(rs[i], vbar, s)) floored_sum += row_sum_u2(t, x, b, i, vbar, w);
-          else accumulate_d(x, (b * r + i) * c, 1.0f / rs[i], dk);
-        }
+        floored_sum += floored_rows(t, x, b, i0, i1, vbar, scratch.f, d + k * c, scratch.d);
       }
       double sum = 0;
       for (index_t j = 0; j < c; ++j) {
@@ -327,21 +370,18 @@ struct Kernels {
   }
 
   // ------------------------------------------------------------ the table
-  static void statistics(const TensorTask& t, const Unit& unit, float* scratch) {
+  static void statistics(const TensorTask& t, const Unit& unit, Scratch scratch) {
     if constexpr (S::factored) {
       const index_t c = t.geom.cols;
       if (t.row_blocks > 1) {
         float* col = t.col_partial + unit.block * c;
         float* d = t.d_partial + unit.block * c;
-        std::fill(col, col + c, 0.0f);
-        std::fill(d, d + c, 0.0f);
-        factored_rows(t, unit.matrix, unit.begin, unit.end, col, d);
+        factored_rows(t, unit.matrix, unit.begin, unit.end, col, d, scratch.d);
       } else {
-        float* col = scratch;
-        float* d = scratch + c;
-        std::fill(col, col + 2 * c, 0.0f);
-        factored_rows(t, unit.matrix, 0, t.geom.rows, col, d);
-        finalize_matrix(t, unit.matrix, col, d, 1, scratch + 2 * c);
+        float* col = scratch.f;
+        float* d = scratch.f + c;
+        factored_rows(t, unit.matrix, 0, t.geom.rows, col, d, scratch.d);
+        finalize_matrix(t, unit.matrix, col, d, 1, Scratch{scratch.f + 2 * c, scratch.d});
       }
     } else {
       (void)scratch;
@@ -349,7 +389,7 @@ struct Kernels {
     }
   }
 
-  static void finalize(const TensorTask& t, float* scratch) {
+  static void finalize(const TensorTask& t, Scratch scratch) {
     const MatrixGeometry& g = t.geom;
     if constexpr (S::factored) {
       if (t.row_blocks > 1) finalize_matrix(t, 0, t.col_partial, t.d_partial, t.row_blocks, scratch);
@@ -377,8 +417,8 @@ struct Kernels {
     }
   }
 
-  static void apply(const TensorTask& t, const Unit& unit, float* scratch) {
-    if constexpr (S::factored) factored_apply(t, unit, scratch);
+  static void apply(const TensorTask& t, const Unit& unit, Scratch scratch) {
+    if constexpr (S::factored) factored_apply(t, unit, scratch.f);
     else elementwise_apply(t, unit);
   }
 };

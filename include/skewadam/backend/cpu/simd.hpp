@@ -158,19 +158,6 @@ SKEWADAM_ALWAYS_INLINE void store_param(P* p, const V& v, index_t element, Rng& 
   }
 }
 
-/// Sums lanes in a fixed order: the vector accumulator, then the scalar tail.
-template <class V>
-struct Accumulator {
-  V vec = vmath::splat<V>(0.0f);
-  float tail = 0.0f;
-  template <class W>
-  SKEWADAM_ALWAYS_INLINE void add(const W& x) {
-    if constexpr (std::is_same_v<W, V>) vec += x;
-    else tail += x;
-  }
-  float total() const { return reduce_add(vec) + tail; }
-};
-
 /// Calls body.template operator()<V>(j) on full vectors of [begin, end) and
 /// body.template operator()<float>(j) on the tail: the same per-element code
 /// for both.
