@@ -7,7 +7,8 @@
 #   checkpoint.bad.<damage>    corrupt, truncated, wrong-version, foreign and
 #                              wrong-case checkpoints: skewadam-replay --load
 #                              exits with 1 or 2 and says why, never a signal
-#   large.huge_tensor          a bf16 expert tensor of more than 2^31 elements
+#   large.huge_tensor.<level>  a bf16 expert tensor of more than 2^31 elements,
+#                              under each CPU kernel architecture level
 #                              (label "large": about 9 GB of memory)
 #
 # Golden cases are discovered by reading SKEWADAM_GOLDEN_DIR.
@@ -100,9 +101,14 @@ endif()
 
 # ------------------------------------------------------------- large tensor
 add_executable(skewadam-large-tests ${CMAKE_CURRENT_LIST_DIR}/large/test_huge_tensor.cpp)
-target_link_libraries(skewadam-large-tests PRIVATE skewadam::skewadam doctest::doctest)
+target_link_libraries(skewadam-large-tests PRIVATE skewadam::skewadam skewadam_tooling doctest::doctest)
 if(TARGET skewadam_warnings)
   target_link_libraries(skewadam-large-tests PRIVATE skewadam_warnings)
 endif()
-add_test(NAME large.huge_tensor COMMAND skewadam-large-tests)
-set_tests_properties(large.huge_tensor PROPERTIES LABELS large TIMEOUT 1800 RUN_SERIAL TRUE)
+# Once per CPU kernel architecture level; a level this build or processor
+# cannot run is skipped (exit 77).
+foreach(_level IN LISTS SKEWADAM_CPU_ARCH_LEVELS)
+  add_test(NAME large.huge_tensor.${_level} COMMAND skewadam-large-tests)
+  set_tests_properties(large.huge_tensor.${_level} PROPERTIES LABELS large TIMEOUT 1800 RUN_SERIAL TRUE
+                       ENVIRONMENT SKEWADAM_CPU_ARCH=${_level} SKIP_RETURN_CODE 77)
+endforeach()

@@ -9,14 +9,16 @@
 //
 // Two steps, each checked against the rule computed independently in double:
 // every element of the first two and the last two rows (those past 2^31
-// included) and every R_i and C_j. Then a NaN in the very last element skips
+// included) and every R_i and C_j. The kernels are those of the default
+// backend: SKEWADAM_CPU_ARCH selects another architecture. Then a NaN in the very last element skips
 // the step and is reported at its 64-bit index, and the state round-trips
 // through a checkpoint.
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -26,6 +28,7 @@
 
 #include <skewadam/checkpoint.hpp>
 #include <skewadam/skewadam.hpp>
+#include <skewadam_tools/cpu_arch_env.hpp>
 
 #if defined(__unix__) || defined(__APPLE__)
 #include <unistd.h>
@@ -226,4 +229,15 @@ TEST_CASE("a bf16 expert tensor of more than 2^31 elements") {
     CHECK(std::memcmp(a.v_col.data(), b.v_col.data(), 4 * a.v_col.size()) == 0);
     CHECK(other.hyperparameters(Tier::experts).lr == ref.h.lr);
   }
+}
+
+int main(int argc, char** argv) {
+  // ctest runs this once per architecture level (SKEWADAM_CPU_ARCH); a level
+  // this program or processor cannot run is skipped.
+  if (const auto why = skewadam::tools::requested_arch_unavailable()) {
+    std::printf("skipped: %s\n", why->c_str());
+    return 77;
+  }
+  doctest::Context context(argc, argv);
+  return context.run();
 }

@@ -1,5 +1,11 @@
 // skewadam-replay CASE_DIR [--out DIR] [--threads N] [--backend cpu|cuda]
 //                 [--stop-after K] [--save FILE] [--load FILE] [--resume-at K]
+// skewadam-replay --list-archs
+//
+// The CPU kernels are those of the widest architecture compiled in and
+// supported here; SKEWADAM_CPU_ARCH=NAME runs another (--list-archs prints
+// the names, backend/cpu/arch.hpp). A level this program or processor cannot
+// run exits 77 (skipped).
 //
 // --backend cuda runs the case on the GPU (a build with SKEWADAM_WITH_CUDA);
 // it exits 77 when there is no CUDA device (ctest's code for a skipped test).
@@ -49,6 +55,7 @@
 #include <skewadam_tools/cuda_golden.hpp>
 #endif
 #include <skewadam/checkpoint.hpp>
+#include <skewadam_tools/cpu_arch_env.hpp>
 #include <skewadam_tools/golden_case.hpp>
 #if defined(SKEWADAM_REPLAY_WITH_MPI)
 #include "sharded_replay.hpp"
@@ -263,7 +270,7 @@ int replay(const GoldenCase& c, const Options& o) {
 
   const auto checks = check_steps(c, run, first, last);
   print_case(c);
-  std::printf(", threads %d\n", o.threads);
+  std::printf(", threads %d, kernels %s\n", o.threads, backend::DefaultBackend::arch_name());
   if (o.resume_at || !o.load.empty() || o.stop_after || !o.save.empty()) std::printf("  %s\n", how.c_str());
   return report(c, checks, run, first, last, o.out_dir);
 }
@@ -308,11 +315,24 @@ int main(int argc, char** argv) {
   app.add_flag("--expert-rows", o.expert_rows, "with --shard: shard an expert bank by rows, not by experts")
       ->needs(shard);
   shard->excludes(resume);
+  app.add_flag_callback(
+         "--list-archs",
+         [] {
+           for (const auto a : backend::cpu::available_archs()) std::printf("%s\n", backend::cpu::level_name(a));
+           throw CLI::Success();
+         },
+         "print the CPU kernel architectures this program can run here, widest first, and exit "
+         "(SKEWADAM_CPU_ARCH=NAME selects one)")
+      ->trigger_on_parse();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
+  }
+  if (const auto why = requested_arch_unavailable(); why && o.backend == "cpu") {
+    std::printf("skipped: %s\n", why->c_str());
+    return 77;
   }
   try {
     const GoldenCase c = load_golden_case(o.case_dir);

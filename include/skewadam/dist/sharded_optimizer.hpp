@@ -872,7 +872,11 @@ class ShardedOptimizer : public TierSettings {
   // ---------------------------------------------------------- kernels
   template <class Rule, class P, class G>
   static const detail::ShardKernels* kernels() {
-    return detail::ShardKernelsOf<Rule, P, G, Arch>::table();
+    if constexpr (std::is_same_v<Arch, DispatchArch>)
+      return backend::cpu::visit_arch(backend::cpu::selected_arch(),
+                                      []<class A>() { return detail::ShardKernelsOf<Rule, P, G, A>::table(); });
+    else
+      return detail::ShardKernelsOf<Rule, P, G, Arch>::table();
   }
   template <class Rule>
   static const detail::ShardKernels* pick_rule(Dtype p, Dtype g, bool rank1) {

@@ -12,8 +12,10 @@
 // (libgomp: or a small GOMP_SPINCOUNT) made a 2-thread step 2-3x faster here
 // under a busy co-tenant (bench/RESULTS.md).
 //
-// Arch is an xsimd architecture tag (xsimd::avx2, xsimd::avx512bw, ...) or
-// skewadam::ScalarArch. The default is the best one the compiler targets.
+// Arch is an xsimd architecture tag (xsimd::avx2, xsimd::avx512bw, ...),
+// skewadam::ScalarArch, or skewadam::DispatchArch (the default): the level
+// chosen at run time among those compiled in, the widest the processor
+// supports unless SKEWADAM_CPU_ARCH says otherwise (arch.hpp).
 
 #include <algorithm>
 #include <atomic>
@@ -21,6 +23,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(_OPENMP)
@@ -29,21 +32,32 @@
 
 #include "../../config.hpp"
 #include "../work.hpp"
+#include "arch.hpp"
 #include "kernels.hpp"
 #include "simd.hpp"
 
 namespace skewadam::backend {
 
-template <class Arch = xsimd::default_arch>
+template <class Arch = DispatchArch>
 class CpuBackend {
  public:
   using arch = Arch;
 
-  static constexpr const char* arch_name() noexcept { return Arch::name(); }
+  /// Checks the architecture choice (SKEWADAM_CPU_ARCH) up front: an invalid
+  /// one throws here, before any parameter is registered.
+  CpuBackend() {
+    if constexpr (std::is_same_v<Arch, DispatchArch>) (void)cpu::selected_arch();
+  }
+
+  /// The name of the architecture the kernels run ("avx512bw", "scalar"...).
+  static const char* arch_name() { return Arch::name(); }
 
   template <class Rule, class P, class G>
   static const KernelTable* kernels() {
-    return cpu::Kernels<Rule, P, G, Arch>::table();
+    if constexpr (std::is_same_v<Arch, DispatchArch>)
+      return cpu::visit_arch(cpu::selected_arch(), []<class A>() { return cpu::Kernels<Rule, P, G, A>::table(); });
+    else
+      return cpu::Kernels<Rule, P, G, Arch>::table();
   }
 
   /// Threads used per step; 0 selects the hardware's count.
@@ -138,7 +152,11 @@ class CpuBackend {
   std::vector<index_t> pending_;  ///< accessed through std::atomic_ref during run()
 };
 
-/// The backend an optimizer uses unless told otherwise.
+/// The backend an optimizer uses unless told otherwise: the architecture is
+/// chosen at run time (arch.hpp).
 using DefaultBackend = CpuBackend<>;
+/// The widest architecture the compiler targets, fixed at compile time: one
+/// set of kernels per program instead of one per compiled level.
+using NativeBackend = CpuBackend<xsimd::default_arch>;
 
 }  // namespace skewadam::backend

@@ -15,17 +15,9 @@
 #include "../../vmath.hpp"
 #include "../../policies/nearest_rounding.hpp"
 #include "../../policies/stochastic_rounding.hpp"
+#include "arch.hpp"
 #include "random_lanes.hpp"
 #include "x86_lanes.hpp"
-
-namespace skewadam {
-
-/// Architecture tag for plain scalar code (one element at a time).
-struct ScalarArch {
-  static constexpr const char* name() noexcept { return "scalar"; }
-};
-
-}  // namespace skewadam
 
 namespace skewadam::vmath {
 
