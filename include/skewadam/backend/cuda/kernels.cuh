@@ -12,6 +12,16 @@
 // are counters that tell a matrix's last block to finish; they choose which
 // block forms a sum, never the order of its terms.
 //
+// Error bounds (non-negative terms, S the exact sum, u = 2^-24), none of
+// which grows with the length summed:
+//   row sums of g^2   each thread adds at most sum_block terms in fp32 before
+//                     folding them into a double; the block then adds its
+//                     threads' sums by a 5-level shuffle tree and its 16
+//                     warps in order: <= (sum_block + 5 + 16 + 1) u S = 86 u S
+//   column sums       at most row_block_rows (16) rows per row block in fp32,
+//                     then the row blocks' partials in double: <= 18 u S
+//   D_j, sum u^2      the same row blocks, then double throughout
+//
 // Factored rule (backbone, experts), per matrix cut into row blocks:
 //   statistics  one block per row block: rows in groups of K, row sums of g^2
 //               (block reduction) give R_i, column sums go to the block's
@@ -85,6 +95,10 @@ inline constexpr int apply_min_blocks = 4;
 /// Columns per block of the columns kernel (a warp's width; the block's
 /// warps split the row blocks).
 inline constexpr index_t column_block = 32;
+/// Terms of a row that one thread adds in fp32 before folding them into a
+/// double (the CPU's blocked summation, backend/cpu/summation.hpp): rows of
+/// up to sum_block * block_threads = 32768 columns are one block.
+inline constexpr index_t sum_block = 64;
 
 /// Per-step values of one tensor, written on the device by prepare_kernel.
 struct TaskStep {
@@ -178,6 +192,20 @@ __device__ SKEWADAM_ALWAYS_INLINE void block_sum(T (&x)[N]) {
     x[k] = s;
   }
   __syncthreads();
+}
+
+/// wide[k] += part[k], part[k] = 0: the end of a block of a thread's terms.
+template <int N>
+__device__ SKEWADAM_ALWAYS_INLINE void fold(float (&part)[N], double (&wide)[N]) {
+  for (int k = 0; k < N; ++k) {
+    wide[k] += static_cast<double>(part[k]);
+    part[k] = 0.0f;
+  }
+}
+/// part[k] = wide[k] rounded to fp32.
+template <int N>
+__device__ SKEWADAM_ALWAYS_INLINE void round_into(const double (&wide)[N], float (&part)[N]) {
+  for (int k = 0; k < N; ++k) part[k] = static_cast<float>(wide[k]);
 }
 
 /// Four consecutive elements, loaded or stored as one access.
@@ -319,19 +347,26 @@ struct Math {
     const index_t c = t.geom.cols;
     const index_t off = (b * t.geom.rows + i) * c;
     float part[K];
-    for (int q = 0; q < K; ++q) part[q] = 0.0f;
-    for (index_t j = threadIdx.x; j < c; j += blockDim.x) {
-      float cs = colp[j];
-      for (int q = 0; q < K; ++q) {
-        const index_t o = off + q * c + j;
-        const float g = grad_at(t, s, o);
-        const float g2 = g * g;
-        part[q] += g2;
-        cs = cs + g2;
-        if constexpr (M::has_state) t.m[o] = M::update(t.m[o], g, s);
+    double wide[K];
+    for (int q = 0; q < K; ++q) part[q] = 0.0f, wide[q] = 0.0;
+    const index_t span = sum_block * static_cast<index_t>(blockDim.x);
+    for (index_t j0 = 0; j0 < c; j0 += span) {
+      const index_t j1 = j0 + span < c ? j0 + span : c;
+      for (index_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+        float cs = colp[j];
+        for (int q = 0; q < K; ++q) {
+          const index_t o = off + q * c + j;
+          const float g = grad_at(t, s, o);
+          const float g2 = g * g;
+          part[q] += g2;
+          cs = cs + g2;
+          if constexpr (M::has_state) t.m[o] = M::update(t.m[o], g, s);
+        }
+        colp[j] = cs;
       }
-      colp[j] = cs;
+      detail::fold(part, wide);
     }
+    detail::round_into(wide, part);
     float inv_r[K];
     update_rows<K>(t, s, b, i, part, inv_r);
     if constexpr (C::active) {
@@ -354,25 +389,32 @@ struct Math {
     const index_t c = t.geom.cols;
     const index_t off = (b * t.geom.rows + i) * c;
     float part[K];
-    for (int q = 0; q < K; ++q) part[q] = 0.0f;
-    for (index_t j = 4 * static_cast<index_t>(threadIdx.x); j < c; j += 4 * static_cast<index_t>(blockDim.x)) {
-      detail::Quad<float> g[K];
-      for (int q = 0; q < K; ++q) g[q] = grad_quad(t, s, off + q * c + j);
-      [[maybe_unused]] detail::Quad<float> m[K];
-      if constexpr (M::has_state)
-        for (int q = 0; q < K; ++q) m[q] = detail::load_quad(t.m + off + q * c + j);
-      detail::Quad<float> cs = detail::load_quad(colp + j);
-      for (int q = 0; q < K; ++q)
-        for (int l = 0; l < 4; ++l) {
-          const float g2 = g[q].v[l] * g[q].v[l];
-          part[q] += g2;
-          cs.v[l] = cs.v[l] + g2;
-          if constexpr (M::has_state) m[q].v[l] = M::update(m[q].v[l], g[q].v[l], s);
-        }
-      detail::store_quad(colp + j, cs);
-      if constexpr (M::has_state)
-        for (int q = 0; q < K; ++q) detail::store_quad(t.m + off + q * c + j, m[q]);
+    double wide[K];
+    for (int q = 0; q < K; ++q) part[q] = 0.0f, wide[q] = 0.0;
+    const index_t span = sum_block * static_cast<index_t>(blockDim.x);  // sum_block / 4 quads per thread
+    for (index_t j0 = 0; j0 < c; j0 += span) {
+      const index_t j1 = j0 + span < c ? j0 + span : c;
+      for (index_t j = j0 + 4 * static_cast<index_t>(threadIdx.x); j < j1; j += 4 * static_cast<index_t>(blockDim.x)) {
+        detail::Quad<float> g[K];
+        for (int q = 0; q < K; ++q) g[q] = grad_quad(t, s, off + q * c + j);
+        [[maybe_unused]] detail::Quad<float> m[K];
+        if constexpr (M::has_state)
+          for (int q = 0; q < K; ++q) m[q] = detail::load_quad(t.m + off + q * c + j);
+        detail::Quad<float> cs = detail::load_quad(colp + j);
+        for (int q = 0; q < K; ++q)
+          for (int l = 0; l < 4; ++l) {
+            const float g2 = g[q].v[l] * g[q].v[l];
+            part[q] += g2;
+            cs.v[l] = cs.v[l] + g2;
+            if constexpr (M::has_state) m[q].v[l] = M::update(m[q].v[l], g[q].v[l], s);
+          }
+        detail::store_quad(colp + j, cs);
+        if constexpr (M::has_state)
+          for (int q = 0; q < K; ++q) detail::store_quad(t.m + off + q * c + j, m[q]);
+      }
+      detail::fold(part, wide);
     }
+    detail::round_into(wide, part);
     float inv_r[K];
     update_rows<K>(t, s, b, i, part, inv_r);
     if constexpr (C::active) {
@@ -415,7 +457,7 @@ struct Math {
   /// blocks; the slices' sums are combined in warp order.
   static __device__ void factored_columns(const DeviceTask& t, const TaskStep& st, const WorkItem& it) {
     const StepScalars& s = st.s;
-    __shared__ float s_cs[block_warps][32];
+    __shared__ double s_cs[block_warps][32];
     __shared__ float s_col[32];
     __shared__ double s_dj[block_warps][32];
     __shared__ double s_fl[block_warps][32];
@@ -439,27 +481,28 @@ struct Math {
     const float vbar = S::vbar(static_cast<float>(mean[0] / static_cast<double>(r)));
     if (it.begin == 0 && threadIdx.x == 0) t.vbar[b] = vbar;
 
-    float cs = 0.0f;
+    double cs = 0.0;
     if (active) {
-      // four loads in flight, summed in k order
+      // four loads in flight, summed in k order (in double: the row blocks
+      // of a tall matrix are many)
       const float* cp = t.col_partial + b * nb * c + j;
       index_t k = k0;
       for (; k + 4 <= k1; k += 4) {
         const float x0 = cp[k * c], x1 = cp[(k + 1) * c], x2 = cp[(k + 2) * c], x3 = cp[(k + 3) * c];
-        cs += x0;
-        cs += x1;
-        cs += x2;
-        cs += x3;
+        cs += static_cast<double>(x0);
+        cs += static_cast<double>(x1);
+        cs += static_cast<double>(x2);
+        cs += static_cast<double>(x3);
       }
-      for (; k < k1; ++k) cs += cp[k * c];
+      for (; k < k1; ++k) cs += static_cast<double>(cp[k * c]);
     }
     s_cs[warp][lane] = cs;
     __syncthreads();
     if (warp == 0 && active) {
-      float sum = s_cs[0][lane];
+      double sum = s_cs[0][lane];
       for (int w = 1; w < block_warps; ++w) sum += s_cs[w][lane];
       float* vc = t.v_col + b * c + j;
-      const float cn = S::update_statistic(*vc, sum / static_cast<float>(r), s);
+      const float cn = S::update_statistic(*vc, static_cast<float>(sum) / static_cast<float>(r), s);
       *vc = cn;
       const float col = S::col_factor(cn, s);
       t.inv_col[b * c + j] = 1.0f / col;
