@@ -6,6 +6,8 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include "neon64_exact.hpp"  // right after xsimd: exact NEON division
+
 #include <cstdint>
 #include <type_traits>
 
@@ -24,7 +26,7 @@ namespace skewadam::vmath {
 template <class A>
 struct ops<xsimd::batch<float, A>> {
   using B = xsimd::batch<float, A>;
-  static SKEWADAM_ALWAYS_INLINE B sqrt(const B& x) { return xsimd::sqrt(x); }
+  static SKEWADAM_ALWAYS_INLINE B sqrt(const B& x) { return backend::cpu::ExactOps<A>::sqrt(x); }
   static SKEWADAM_ALWAYS_INLINE B floor_at(const B& x, const B& f) { return xsimd::select(x < f, f, x); }
   static SKEWADAM_ALWAYS_INLINE B broadcast(float x) { return B(x); }
 };
