@@ -28,11 +28,16 @@ float grad_value(index_t i, index_t j) {
   return 0.1f * (1.0f + 0.001f * static_cast<float>((i * 7 + j * 13) % 17));
 }
 
+/// Worst relative errors of R_i and of C_j.
+struct Errors {
+  double r = 0, c = 0;
+};
+
 /// One step of the expert rule (factored, no momentum) on a [rows, cols]
 /// fp32 matrix; the worst relative errors of R_i and C_j against the rule in
 /// double.
 template <class Arch>
-std::pair<double, double> statistics_error(index_t rows, index_t cols, int threads) {
+Errors statistics_error(index_t rows, index_t cols, int threads) {
   const index_t n = rows * cols;
   std::vector<float> p(static_cast<std::size_t>(n), 0.5f), g(static_cast<std::size_t>(n));
   std::vector<double> row_sum(static_cast<std::size_t>(rows), 0.0), col_sum(static_cast<std::size_t>(cols), 0.0);
@@ -60,7 +65,7 @@ std::pair<double, double> statistics_error(index_t rows, index_t cols, int threa
     const double want = one_minus_beta2 * col_sum[static_cast<std::size_t>(j)] / static_cast<double>(rows);
     worst_c = std::max(worst_c, std::abs(s.v_col[static_cast<std::size_t>(j)] - want) / want);
   }
-  return {worst_r, worst_c};
+  return Errors{worst_r, worst_c};
 }
 
 }  // namespace
