@@ -63,7 +63,7 @@ struct arch_tag {
   using type = void;
 };
 template <CpuArch L>
-using arch_tag_t_ = typename arch_tag<L>::type;
+using arch_tag_t = typename arch_tag<L>::type;
 template <>
 struct arch_tag<CpuArch::avx512> : detail::first_compiled<xsimd::avx512bw> {};
 template <>
@@ -73,7 +73,7 @@ struct arch_tag<CpuArch::avx2> : detail::first_compiled<xsimd::fma3<xsimd::avx2>
 /// does not carry a third set of kernels.
 template <>
 struct arch_tag<CpuArch::sse>
-    : std::conditional_t<std::is_void_v<arch_tag_t_<CpuArch::avx2>>, detail::first_compiled<xsimd::sse4_2, xsimd::sse2>,
+    : std::conditional_t<std::is_void_v<arch_tag_t<CpuArch::avx2>>, detail::first_compiled<xsimd::sse4_2, xsimd::sse2>,
                          detail::first_compiled<>> {};
 template <>
 struct arch_tag<CpuArch::neon> : detail::first_compiled<xsimd::neon64> {};
@@ -81,8 +81,6 @@ template <>
 struct arch_tag<CpuArch::scalar> {
   using type = ScalarArch;
 };
-template <CpuArch L>
-using arch_tag_t = typename arch_tag<L>::type;
 
 inline constexpr CpuArch all_levels[] = {CpuArch::avx512, CpuArch::avx2, CpuArch::sse, CpuArch::neon,
                                          CpuArch::scalar};
