@@ -865,7 +865,7 @@ void walk(Source& src, CheckpointInfo& info, OnOptimizer&& on_optimizer, OnParam
 
 // ------------------------------------------------------------------ saving
 template <class Tiers, class Backend, class Sink>
-void save(const Optimizer<Tiers, Backend>& opt, Sink& sink, const SaveOptions& options) {
+void save(const Optimizer<Tiers, Backend, Local>& opt, Sink& sink, const SaveOptions& options) {
   CheckpointInfo info;
   info.steps = opt.steps();
   info.seed = opt.seed();
@@ -943,7 +943,7 @@ void save(const Optimizer<Tiers, Backend>& opt, Sink& sink, const SaveOptions& o
 
 // ----------------------------------------------------------------- loading
 template <class Tiers, class Backend, class Source>
-void load(Optimizer<Tiers, Backend>& opt, Source& src, const LoadOptions& options) {
+void load(Optimizer<Tiers, Backend, Local>& opt, Source& src, const LoadOptions& options) {
   const std::string& where = src.where();
   const auto n = static_cast<std::size_t>(opt.size());
   std::vector<std::string> problems;
@@ -1053,7 +1053,7 @@ void load(Optimizer<Tiers, Backend>& opt, Source& src, const LoadOptions& option
 
 /// Saves `opt` to `file` atomically (temporary file, fsync, rename).
 template <class Tiers, class Backend>
-void save_checkpoint(const Optimizer<Tiers, Backend>& opt, const std::filesystem::path& file,
+void save_checkpoint(const Optimizer<Tiers, Backend, Local>& opt, const std::filesystem::path& file,
                      const SaveOptions& options = {}) {
   detail::ckpt::AtomicFileSink sink(file);
   detail::ckpt::save(opt, sink, options);
@@ -1062,7 +1062,7 @@ void save_checkpoint(const Optimizer<Tiers, Backend>& opt, const std::filesystem
 
 /// The bytes save_checkpoint() would write.
 template <class Tiers, class Backend>
-std::vector<std::byte> checkpoint_bytes(const Optimizer<Tiers, Backend>& opt, const SaveOptions& options = {}) {
+std::vector<std::byte> checkpoint_bytes(const Optimizer<Tiers, Backend, Local>& opt, const SaveOptions& options = {}) {
   std::vector<std::byte> out;
   detail::ckpt::MemorySink sink(out);
   detail::ckpt::save(opt, sink, options);
@@ -1072,7 +1072,7 @@ std::vector<std::byte> checkpoint_bytes(const Optimizer<Tiers, Backend>& opt, co
 /// Loads `file` into `opt`, whose parameters must be those saved (by name,
 /// in any order). All or nothing: see the top of this file.
 template <class Tiers, class Backend>
-void load_checkpoint(Optimizer<Tiers, Backend>& opt, const std::filesystem::path& file,
+void load_checkpoint(Optimizer<Tiers, Backend, Local>& opt, const std::filesystem::path& file,
                      const LoadOptions& options = {}) {
   detail::ckpt::FileSource src(file);
   detail::ckpt::load(opt, src, options);
@@ -1080,7 +1080,7 @@ void load_checkpoint(Optimizer<Tiers, Backend>& opt, const std::filesystem::path
 
 /// Loads a checkpoint held in memory.
 template <class Tiers, class Backend>
-void load_checkpoint(Optimizer<Tiers, Backend>& opt, std::span<const std::byte> bytes,
+void load_checkpoint(Optimizer<Tiers, Backend, Local>& opt, std::span<const std::byte> bytes,
                      const LoadOptions& options = {}) {
   detail::ckpt::MemorySource src(bytes, "checkpoint in memory");
   detail::ckpt::load(opt, src, options);

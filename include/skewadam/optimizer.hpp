@@ -1,6 +1,7 @@
 #pragma once
-// Optimizer<Tiers, Backend>: registers parameters by name under a tier and
-// updates each with its tier's rule.
+// Optimizer<Tiers, Backend, Placement>: the one optimizer front-end. It
+// registers parameters by name under a tier and updates each with its tier's
+// rule, on any backend and placement.
 //
 //   skewadam::SkewAdam opt(skewadam::Hyperparameters{.lr = 3e-4, .weight_decay = 0.05});
 //   auto w = opt.add("blocks.1.moe.experts.w1", skewadam::Tier::experts,
@@ -18,33 +19,37 @@
 //
 // A step whose gradients hold NaN or infinities is skipped as a whole by
 // default (OptimizerOptions::nonfinite, see nonfinite.hpp).
+//
+// Where the state lives and how a step runs is the engine's business
+// (engine.hpp): Placement::engine<Tiers, Backend>. The default placement,
+// Local (placement/local.hpp), holds everything in this process;
+// dist::Sharded<Comm> (placement/sharded.hpp, dist/sharded_optimizer.hpp)
+// shards the state over the ranks of a communicator. Members that only make
+// sense for one placement exist only for it (state() for Local; rank(),
+// pieces(), gather_params()... for Sharded).
 
-#include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
-#include <functional>
-#include <limits>
 #include <map>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.hpp"
-#include "backend/cpu/summation.hpp"
-#include "backend/work.hpp"
 #include "checks.hpp"
 #include "config.hpp"
 #include "dtype.hpp"
+#include "engine.hpp"
 #include "hyperparameters.hpp"
 #include "nonfinite.hpp"
 #include "optimizer_state.hpp"
 #include "param_state.hpp"
+#include "placement/local.hpp"
 #include "random.hpp"
 #include "state_layout.hpp"
 #include "step_scalars.hpp"
@@ -61,24 +66,40 @@ struct OptimizerOptions {
   NonFinitePolicy nonfinite = NonFinitePolicy::skip_step;  ///< see nonfinite.hpp
 };
 
-template <class Tiers = SkewAdamTiers, class Backend = backend::DefaultBackend>
+template <class Tiers = SkewAdamTiers, class Backend = backend::DefaultBackend, class Placement = Local>
 class Optimizer : public TierSettings {
  public:
   using tiers = Tiers;
   using backend_type = Backend;
+  using placement_type = Placement;
+  using engine_type = typename Placement::template engine<Tiers, Backend>;
+  using communicator_type = typename Placement::communicator_type;
   using Schedule = TierSettings::Schedule;
+  static constexpr bool sharded = Placement::sharded;
+  static_assert(OptimizerEngine<engine_type>,
+                "Optimizer: Placement::engine<Tiers, Backend> does not provide the interface of engine.hpp");
 
-  Optimizer() : Optimizer(Hyperparameters{}) {}
-  explicit Optimizer(const Hyperparameters& all, OptimizerOptions options = {})
+  // ------------------------------------------------------------ construction
+  Optimizer() requires(!sharded) : Optimizer(Hyperparameters{}) {}
+  explicit Optimizer(const Hyperparameters& all, OptimizerOptions options = {}) requires(!sharded)
       : Optimizer(PerTier<Hyperparameters>{all, all, all}, options) {}
-  explicit Optimizer(const PerTier<Hyperparameters>& per_tier, OptimizerOptions options = {})
-      : TierSettings(per_tier), seed_(options.seed) {
-    backend_.set_threads(options.threads);
-    set_nonfinite_policy(options.nonfinite);
-  }
+  explicit Optimizer(const PerTier<Hyperparameters>& per_tier, OptimizerOptions options = {}) requires(!sharded)
+      : TierSettings(per_tier), engine_(options.threads), seed_(options.seed),
+        nonfinite_(detail::checked_policy(options.nonfinite)) {}
+
+  /// A sharded optimizer over the ranks of `comm` (which must outlive it).
+  Optimizer(communicator_type& comm, const Hyperparameters& all, OptimizerOptions options = {},
+            typename Placement::options_type shard = {}) requires sharded
+      : Optimizer(comm, PerTier<Hyperparameters>{all, all, all}, options, shard) {}
+  Optimizer(communicator_type& comm, const PerTier<Hyperparameters>& per_tier, OptimizerOptions options = {},
+            typename Placement::options_type shard = {}) requires sharded
+      : TierSettings(per_tier), engine_(comm, options.threads, shard), seed_(options.seed),
+        nonfinite_(detail::checked_policy(options.nonfinite)) {}
 
   // ------------------------------------------------------------ parameters
-  /// Registers a parameter (once) under a tier; allocates its state.
+  /// Registers a parameter (once) under a tier; allocates its state. Sharded:
+  /// every rank registers the same list (names, tiers, shapes, order) with
+  /// views of full-size buffers, and keeps the state of its share.
   ParamId add(std::string_view name, Tier tier, ParamView param, GradView grad = {}) {
     if (name.empty()) throw std::invalid_argument("name: a parameter name must not be empty");
     if (index_.count(std::string(name)))
@@ -88,49 +109,23 @@ class Optimizer : public TierSettings {
     detail::check_grad(name, param, grad);
     check_disjoint(name, param, grad);
 
+    const ParamId id{static_cast<index_t>(entries_.size())};
     Entry e;
     e.name = std::string(name);
     e.tier = tier;
     e.param = param;
     e.grad = grad;
     e.id = tensor_id(name);
-    const StateLayout layout = Tiers::layout(tier);
-    const MatrixGeometry g = param.shape.matrices();
-    const index_t n = param.numel();
-    e.factored = factors(layout, param.shape);
-    if (n == 0) {
-      // empty tensors keep no state and are never stepped
-    } else {
-    if (layout.momentum) e.state.m.assign(static_cast<std::size_t>(n), 0.0f);
-    if (e.factored) {
-      e.state.v_row.assign(static_cast<std::size_t>(g.batch * g.rows), 0.0f);
-      e.state.v_col.assign(static_cast<std::size_t>(g.batch * g.cols), 0.0f);
-      e.row_blocks = backend::Cutting::row_blocks(g);
-      const index_t pf = backend::Cutting::partial_floats(g);
-      e.col_partial.assign(static_cast<std::size_t>(pf), 0.0f);
-      e.d_partial.assign(static_cast<std::size_t>(pf), 0.0f);
-    } else {
-      e.state.v.assign(static_cast<std::size_t>(n), 0.0f);
-      e.chunks = backend::Cutting::chunks_per_matrix(g);
-      e.unit_sum.assign(static_cast<std::size_t>(g.batch * e.chunks), 0.0);
-    }
-    e.matrices.assign(static_cast<std::size_t>(g.batch), backend::MatrixScratch{});
-    if (e.factored) backend_.reserve_columns(g.cols);
-    // non-finite checks: see nonfinite.hpp
-    e.restorable_statistics = e.factored && e.state.m.empty();
-    if (e.restorable_statistics) e.statistics_backup.assign(e.state.v_row.size() + e.state.v_col.size(), 0.0f);
-    e.scan.assign(static_cast<std::size_t>(g.batch * backend::Cutting::chunks_per_matrix(g)), -1.0);
-    }
-
-    const ParamId id{static_cast<index_t>(entries_.size())};
-    entries_.push_back(std::move(e));
+    engine_.add(TensorRegistration{id.index, tier, Tiers::layout(tier), param});
     try {
-      index_.emplace(std::string(name), id.index);
+      entries_.push_back(std::move(e));
+      index_.emplace(entries_.back().name, id.index);
       const auto [lo, hi] = byte_range(param.data, param.numel(), param.dtype);
       if (lo != hi) memory_.emplace(lo, std::pair{hi, id.index});
     } catch (...) {
       index_.erase(std::string(name));
-      entries_.pop_back();
+      if (entries_.size() > static_cast<std::size_t>(id.index)) entries_.pop_back();
+      engine_.pop_back();
       throw;
     }
     return id;
@@ -162,10 +157,14 @@ class Optimizer : public TierSettings {
   Tier tier(ParamId id) const { return entry(id).tier; }
   const ParamView& param(ParamId id) const { return entry(id).param; }
   const GradView& grad(ParamId id) const { return entry(id).grad; }
+  /// Updates this parameter has received (t of its last step).
+  std::int64_t step_count(ParamId id) const { return entry(id).step; }
 
-  ParamStateView state(ParamId id) const {
-    const Entry& e = entry(id);
-    return {e.state.m, e.state.v, e.state.v_row, e.state.v_col, e.state.step};
+  /// A parameter's state, viewed in place (local placement).
+  ParamStateView state(ParamId id) const requires(!sharded) {
+    ParamStateView v = engine_.view(index_of(id));
+    v.step = entry(id).step;
+    return v;
   }
 
   /// The id keying this parameter's stochastic-rounding bits (FNV-1a of its
@@ -173,22 +172,29 @@ class Optimizer : public TierSettings {
   std::uint32_t rounding_stream(ParamId id) const { return entry(id).id; }
 
   /// A copy of the complete optimizer state (see optimizer_state.hpp).
+  /// Sharded: collective, every rank receives all of it.
   OptimizerState export_state() const {
     OptimizerState s;
     for (Tier t : all_tiers) s.hyperparameters[static_cast<std::size_t>(tier_index(t))] = hyper_[t];
     s.seed = seed_;
     s.steps = steps_;
     s.params.reserve(entries_.size());
-    for (const Entry& e : entries_) s.params.push_back(OptimizerState::Param{e.state, e.id});
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      OptimizerState::Param p{engine_.export_arrays(i), entries_[i].id};
+      p.state.step = entries_[i].step;
+      s.params.push_back(std::move(p));
+    }
     return s;
   }
 
   /// Replaces the complete optimizer state with `next`, which must describe
   /// the registered parameters in ParamId order with state arrays of exactly
-  /// the sizes this optimizer's rules keep. Everything is checked first: on
-  /// error std::invalid_argument names the problem and nothing has changed;
-  /// then the state is swapped in without any step that can fail. Gradients,
-  /// lr schedules, threads and the non-finite policy are not part of it.
+  /// the sizes this optimizer's rules keep (complete tensors, also when
+  /// sharded: every rank imports the same state and keeps its share).
+  /// Everything is checked first: on error std::invalid_argument names the
+  /// problem and nothing has changed; then the state is swapped in without
+  /// any step that can fail. Gradients, lr schedules, threads and the
+  /// non-finite policy are not part of it.
   void import_state(OptimizerState next) {
     if (next.params.size() != entries_.size())
       throw std::invalid_argument("state: holds " + std::to_string(next.params.size()) +
@@ -197,26 +203,24 @@ class Optimizer : public TierSettings {
     for (Tier t : all_tiers)
       validate(next.hyperparameters[static_cast<std::size_t>(tier_index(t))],
                "state.hyperparameters." + std::string(tier_name(t)));
+    std::vector<ParamState> states;
+    states.reserve(entries_.size());
+    std::vector<std::int64_t> steps(entries_.size());
     for (std::size_t i = 0; i < entries_.size(); ++i) {
-      const ParamState& have = entries_[i].state;
       const ParamState& got = next.params[i].state;
       const std::string who = "state of '" + entries_[i].name + "'";
-      auto same_size = [&](const std::vector<float>& a, const std::vector<float>& b, const char* array) {
-        if (a.size() != b.size())
-          throw std::invalid_argument(who + ": " + array + " has " + std::to_string(b.size()) + " values, expected " +
-                                      std::to_string(a.size()));
-      };
-      same_size(have.m, got.m, "m");
-      same_size(have.v, got.v, "v");
-      same_size(have.v_row, got.v_row, "v_row");
-      same_size(have.v_col, got.v_col, "v_col");
+      engine_.check_arrays(i, got, who);
       if (got.step < 0 || got.step > next.steps)
         throw std::invalid_argument(who + ": step = " + std::to_string(got.step) + " is outside 0.." +
                                     std::to_string(next.steps) + " (the optimizer's step count)");
+      steps[i] = got.step;
+      states.push_back(std::move(next.params[i].state));
     }
+    auto staged = engine_.stage(std::move(states));
     // commit: swaps and scalar copies only
+    engine_.commit(std::move(staged));
     for (std::size_t i = 0; i < entries_.size(); ++i) {
-      std::swap(entries_[i].state, next.params[i].state);
+      entries_[i].step = steps[i];
       entries_[i].id = next.params[i].rounding_stream;
     }
     for (Tier t : all_tiers) hyper_[t] = next.hyperparameters[static_cast<std::size_t>(tier_index(t))];
@@ -229,24 +233,23 @@ class Optimizer : public TierSettings {
   // TierSettings (tier_settings.hpp).
 
   // --------------------------------------------------------------- threads
-  void set_threads(int n) { backend_.set_threads(n); }
-  int threads() const noexcept { return backend_.threads(); }
+  /// Threads per step (per rank, sharded); 0 selects the hardware's count.
+  void set_threads(int n) { engine_.set_threads(n); }
+  int threads() const noexcept { return engine_.threads(); }
 
   // ---------------------------------------------------- non-finite gradients
-  void set_nonfinite_policy(NonFinitePolicy p) {
-    if (p != NonFinitePolicy::skip_step && p != NonFinitePolicy::raise && p != NonFinitePolicy::unchecked)
-      throw std::invalid_argument("nonfinite policy: unknown value " + std::to_string(static_cast<int>(p)));
-    nonfinite_ = p;
-  }
+  void set_nonfinite_policy(NonFinitePolicy p) { nonfinite_ = detail::checked_policy(p); }
   NonFinitePolicy nonfinite_policy() const noexcept { return nonfinite_; }
 
   // ------------------------------------------------ global gradient norm (E6)
-  /// L2 norm over all present gradients, in double, in a fixed order.
+  /// L2 norm over all present gradients, in double, in a fixed order
+  /// (sharded: collective; each rank sums its own slices, the ranks' sums
+  /// are added in rank order).
   double grad_norm() const {
-    double sum = 0;
-    for (const Entry& e : entries_)
-      if (e.grad.present()) sum += grad_sum_squares(e.grad);
-    return std::sqrt(sum);
+    std::vector<StepItem> items;
+    for (std::size_t i = 0; i < entries_.size(); ++i)
+      if (entries_[i].grad.present() && entries_[i].param.numel() > 0) items.push_back(item(i, nullptr));
+    return std::sqrt(engine_.grad_sum_squares(items));
   }
 
   /// Clips the global gradient norm to max_norm for the next step, as
@@ -265,80 +268,80 @@ class Optimizer : public TierSettings {
   /// Updates every parameter that has a gradient. Returns whether the step
   /// was applied; under NonFinitePolicy::skip_step a step with an offending
   /// gradient is skipped and the report names it (raise: throws instead).
+  /// Sharded: collective; every rank must have gradients for the same
+  /// parameters (else std::invalid_argument on every rank, nothing changes).
   StepReport step() {
     const std::int64_t t_global = steps_ + 1;
-    PerTier<Hyperparameters> h = hyperparameters_at(t_global);
-
-    tasks_.clear();
-    units_.clear();
-    stepped_.clear();
-    for (std::size_t i = 0; i < entries_.size(); ++i) {
-      Entry& e = entries_[i];
-      if (!e.grad.present() || e.param.numel() == 0) continue;
-      backend::TensorTask task;
-      task.param = e.param.data;
-      task.grad = e.grad.data;
-      task.geom = e.param.shape.matrices();
-      task.factored = e.factored;
-      task.scope = h[e.tier].clip_scope;
-      const std::int64_t t = e.state.step + 1;
-      task.scalars = make_step_scalars(h[e.tier], t, grad_scale_);
-      task.key = RoundingKey{seed_, e.id, static_cast<std::uint64_t>(t)};
-      task.m = e.state.m.empty() ? nullptr : e.state.m.data();
-      task.v = e.state.v.empty() ? nullptr : e.state.v.data();
-      task.v_row = e.state.v_row.empty() ? nullptr : e.state.v_row.data();
-      task.v_col = e.state.v_col.empty() ? nullptr : e.state.v_col.data();
-      task.matrices = e.matrices.data();
-      task.col_partial = e.col_partial.empty() ? nullptr : e.col_partial.data();
-      task.d_partial = e.d_partial.empty() ? nullptr : e.d_partial.data();
-      task.unit_sum = e.unit_sum.empty() ? nullptr : e.unit_sum.data();
-      task.row_blocks = e.row_blocks;
-      task.chunks_per_matrix = e.chunks;
-      e.kernels = pick_kernel(e.tier, e.param.dtype, e.grad.dtype, e.param.shape.rank() < 2);
-      task.kernel = e.kernels->full;
-      tasks_.push_back(task);
-      stepped_.push_back(i);
-    }
+    const PerTier<Hyperparameters> h = hyperparameters_at(t_global);
+    items_.clear();
+    for (std::size_t i = 0; i < entries_.size(); ++i)
+      if (entries_[i].grad.present() && entries_[i].param.numel() > 0) items_.push_back(item(i, &h));
 
     StepReport report;
-    if (nonfinite_ == NonFinitePolicy::unchecked) {
-      for (std::size_t k = 0; k < tasks_.size(); ++k)
-        backend::append_units(tasks_[k], static_cast<std::int32_t>(k), units_);
-      backend_.run(tasks_, units_);
-    } else if (std::optional<NonFiniteGradient> bad = checked_statistics()) {
-      stepped_.clear();
+    if (std::optional<Offender> bad = engine_.step(items_, nonfinite_)) {
       grad_scale_ = 1.0;
-      if (nonfinite_ == NonFinitePolicy::raise) throw NonFiniteGradientError(std::move(*bad));
+      NonFiniteGradient r = describe(*bad);
+      if (nonfinite_ == NonFinitePolicy::raise) throw NonFiniteGradientError(std::move(r));
       report.applied = false;
-      report.nonfinite = std::move(bad);
+      report.nonfinite = std::move(r);
       return report;
-    } else {
-      finish_checked_step();
     }
-    for (std::size_t i : stepped_) ++entries_[i].state.step;
-    stepped_.clear();
+    for (const StepItem& it : items_) ++entries_[static_cast<std::size_t>(it.index)].step;
     ++steps_;
     grad_scale_ = 1.0;
     return report;
   }
 
-  /// Number of step() calls so far.
+  /// Number of step() calls applied so far.
   std::int64_t steps() const noexcept { return steps_; }
 
   // ----------------------------------------------------------------- state
-  /// Optimizer state bytes (SPEC section 2), total and per tier.
+  /// Optimizer state bytes (SPEC section 2), total and per tier; sharded:
+  /// held by this rank.
   index_t state_bytes() const noexcept {
     index_t b = 0;
-    for (const Entry& e : entries_) b += e.state.bytes();
+    for (std::size_t i = 0; i < entries_.size(); ++i) b += engine_.state_bytes(i);
     return b;
   }
   index_t state_bytes(Tier t) const noexcept {
     index_t b = 0;
-    for (const Entry& e : entries_)
-      if (e.tier == t) b += e.state.bytes();
+    for (std::size_t i = 0; i < entries_.size(); ++i)
+      if (entries_[i].tier == t) b += engine_.state_bytes(i);
     return b;
   }
   std::uint64_t seed() const noexcept { return seed_; }
+
+  /// The engine: the placement's and backend's own members.
+  engine_type& engine() noexcept { return engine_; }
+  const engine_type& engine() const noexcept { return engine_; }
+
+  // ------------------------------------------------ sharded placement only
+  communicator_type& comm() const noexcept requires sharded { return engine_.comm(); }
+  int rank() const noexcept requires sharded { return engine_.rank(); }
+  int ranks() const noexcept requires sharded { return engine_.ranks(); }
+  /// How the parameter is split over the ranks.
+  decltype(auto) split(ParamId id) const requires sharded { return engine_.split(index_of(id)); }
+  /// What this rank owns of it.
+  decltype(auto) pieces(ParamId id) const requires sharded { return engine_.pieces(index_of(id)); }
+  /// This rank's share of its state: the pieces' rows or elements in piece
+  /// order; v_col holds c values per piece (factored).
+  ParamStateView local_state(ParamId id) const requires sharded {
+    ParamStateView v = engine_.view(index_of(id));
+    v.step = entry(id).step;
+    return v;
+  }
+  /// Completes every rank's parameter buffers from their owners (collective).
+  void gather_params() requires sharded {
+    for (std::size_t i = 0; i < entries_.size(); ++i) engine_.gather_param(i, entries_[i].param);
+  }
+  void gather_param(ParamId id) requires sharded { engine_.gather_param(index_of(id), entry(id).param); }
+  /// Every rank's state_bytes(), in rank order (collective).
+  std::vector<index_t> state_bytes_per_rank() requires sharded { return engine_.per_rank(state_bytes()); }
+  /// Bytes this rank put into the exchanges of its last step (it receives
+  /// ranks() times as much): 32 bytes of agreement and non-finite check, then
+  /// exchange_bytes() (shard_plan.hpp) of each stepped tensor. Parameters and
+  /// gradients are not included.
+  index_t last_step_exchange_bytes() const noexcept requires sharded { return engine_.last_exchange_bytes(); }
 
  private:
   struct Entry {
@@ -346,126 +349,41 @@ class Optimizer : public TierSettings {
     Tier tier = Tier::backbone;
     ParamView param;
     GradView grad;
-    std::uint32_t id = 0;
-    bool factored = false;
-    ParamState state;
-    // scratch: O(B + row_blocks * c + chunks), never the tensor's size
-    std::vector<backend::MatrixScratch> matrices;
-    std::vector<float> col_partial;
-    std::vector<float> d_partial;
-    std::vector<double> unit_sum;
-    index_t row_blocks = 1;
-    index_t chunks = 1;
-    // non-finite checks (nonfinite.hpp): the statistics pass writes only
-    // v_row and v_col (factored, no momentum), which are copied before it
-    bool restorable_statistics = false;
-    std::vector<float> statistics_backup;  ///< v_row then v_col
-    std::vector<double> scan;              ///< per chunk: first offending offset, or -1
-    const detail::PhaseKernels* kernels = nullptr;
+    std::uint32_t id = 0;    ///< rounding stream
+    std::int64_t step = 0;   ///< updates received
   };
 
-  /// Phase 1 of a checked step (see nonfinite.hpp): the statistics of the
-  /// tensors whose state it can restore, a gradient scan of the others. On an
-  /// offending gradient restores that state and returns the first offender in
-  /// registration order; otherwise leaves phase 2 to finish_checked_step().
-  std::optional<NonFiniteGradient> checked_statistics() {
-    phase_tasks_.clear();
-    units_.clear();
-    for (std::size_t k = 0; k < tasks_.size(); ++k) {
-      Entry& e = entries_[stepped_[k]];
-      backend::TensorTask t = tasks_[k];
-      if (e.restorable_statistics) {
-        std::copy(e.state.v_row.begin(), e.state.v_row.end(), e.statistics_backup.begin());
-        std::copy(e.state.v_col.begin(), e.state.v_col.end(),
-                  e.statistics_backup.begin() + static_cast<std::ptrdiff_t>(e.state.v_row.size()));
-        t.kernel = &e.kernels->statistics_only;
-      } else {
-        t = scan_task(e, tasks_[k]);
-      }
-      phase_tasks_.push_back(t);
-      backend::append_units(t, static_cast<std::int32_t>(k), units_);
+  /// The step item of entry i (its scalars when `h` is given).
+  StepItem item(std::size_t i, const PerTier<Hyperparameters>* h) const {
+    const Entry& e = entries_[i];
+    StepItem it;
+    it.index = static_cast<index_t>(i);
+    it.tier = e.tier;
+    it.param = e.param;
+    it.grad = e.grad;
+    if (h != nullptr) {
+      const std::int64_t t = e.step + 1;
+      it.scalars = make_step_scalars((*h)[e.tier], t, grad_scale_);
+      it.key = RoundingKey{seed_, e.id, static_cast<std::uint64_t>(t)};
+      it.scope = (*h)[e.tier].clip_scope;
     }
-    backend_.run(phase_tasks_, units_);
-
-    std::optional<std::size_t> first;
-    for (std::size_t k = 0; k < tasks_.size() && !first; ++k) {
-      const Entry& e = entries_[stepped_[k]];
-      const bool ok = e.restorable_statistics
-                          ? detail::all_finite(e.state.v_row.data(), e.state.v_row.size()) &&
-                                detail::all_finite(e.state.v_col.data(), e.state.v_col.size())
-                          : std::all_of(e.scan.begin(), e.scan.end(), [](double x) { return x < 0; });
-      if (!ok) first = k;
-    }
-    if (!first) return std::nullopt;
-
-    for (std::size_t k = 0; k < tasks_.size(); ++k) {
-      Entry& e = entries_[stepped_[k]];
-      if (!e.restorable_statistics) continue;
-      const auto split = e.statistics_backup.begin() + static_cast<std::ptrdiff_t>(e.state.v_row.size());
-      std::copy(e.statistics_backup.begin(), split, e.state.v_row.begin());
-      std::copy(split, e.statistics_backup.end(), e.state.v_col.begin());
-    }
-    return describe_offender(*first);
+    return it;
   }
 
-  /// Phase 2 of a checked step: apply the first group, everything of the rest.
-  void finish_checked_step() {
-    phase_tasks_.clear();
-    units_.clear();
-    for (std::size_t k = 0; k < tasks_.size(); ++k) {
-      const Entry& e = entries_[stepped_[k]];
-      backend::TensorTask t = tasks_[k];
-      if (e.restorable_statistics) t.kernel = &e.kernels->apply_only;
-      phase_tasks_.push_back(t);
-      backend::append_units(t, static_cast<std::int32_t>(k), units_);
-    }
-    backend_.run(phase_tasks_, units_);
-  }
-
-  /// A task that scans the gradient of `task`, chunk by chunk, into e.scan.
-  static backend::TensorTask scan_task(Entry& e, const backend::TensorTask& task) {
-    backend::TensorTask t = task;
-    t.kernel = detail::gradient_scan_kernels(e.grad.dtype, task.factored);
-    t.factored = false;
-    t.chunks_per_matrix = backend::Cutting::chunks_per_matrix(task.geom);
-    t.unit_sum = e.scan.data();
-    t.m = t.v = t.v_row = t.v_col = nullptr;
-    return t;
-  }
-
-  /// The report for task k, scanning its gradient if phase 1 did not.
-  NonFiniteGradient describe_offender(std::size_t k) {
-    Entry& e = entries_[stepped_[k]];
-    if (e.restorable_statistics) {
-      phase_tasks_.assign(1, scan_task(e, tasks_[k]));
-      units_.clear();
-      backend::append_units(phase_tasks_[0], 0, units_);
-      backend_.run(phase_tasks_, units_);
-    }
+  NonFiniteGradient describe(const Offender& o) const {
+    const Entry& e = entries_[static_cast<std::size_t>(o.index)];
     NonFiniteGradient r;
-    r.param = ParamId{static_cast<index_t>(stepped_[k])};
+    r.param = ParamId{o.index};
     r.name = e.name;
     r.shape = e.param.shape;
-    const index_t chunk = backend::Cutting::chunk_elems;
-    const index_t per_matrix = backend::Cutting::chunks_per_matrix(tasks_[k].geom);
-    for (std::size_t u = 0; u < e.scan.size(); ++u) {
-      if (e.scan[u] < 0) continue;
-      const auto ui = static_cast<index_t>(u);
-      r.element = (ui / per_matrix) * tasks_[k].geom.matrix_size() + (ui % per_matrix) * chunk +
-                  static_cast<index_t>(e.scan[u]);
-      r.value = grad_value(e.grad, r.element) * static_cast<float>(grad_scale_);
-      break;
-    }
+    r.element = o.element;
+    r.value = o.value;
     return r;
   }
 
-  static float grad_value(const GradView& g, index_t i) {
-    switch (g.dtype) {
-      case Dtype::f32: return g.as<float>()[i];
-      case Dtype::bf16: return to_float(g.as<bf16>()[i]);
-      case Dtype::f16: return to_float(g.as<f16>()[i]);
-    }
-    return 0.0f;
+  std::size_t index_of(ParamId id) const {
+    (void)entry(id);  // checks it
+    return static_cast<std::size_t>(id.index);
   }
 
   Entry& entry(ParamId id) {
@@ -512,67 +430,17 @@ class Optimizer : public TierSettings {
                                   entries_[static_cast<std::size_t>(*other)].name + "'");
   }
 
-  /// Sum of squares of a gradient, in double and blocked (backend/cpu/summation.hpp).
-  static double grad_sum_squares(const GradView& g) {
-    const auto squares = [&]<class T>(const T* x) {
-      return backend::cpu::wide_sum(g.numel(), [x](index_t i) {
-        const double v = static_cast<double>(to_float(x[i]));
-        return v * v;
-      });
-    };
-    switch (g.dtype) {
-      case Dtype::f32: return squares(g.as<float>());
-      case Dtype::bf16: return squares(g.as<bf16>());
-      case Dtype::f16: return squares(g.as<f16>());
-    }
-    return 0.0;
-  }
-
-  /// The backend's kernel table for (Rule, P, G) and its two phases.
-  template <class Rule, class P, class G>
-  static const detail::PhaseKernels* phase_kernels() {
-    static const detail::PhaseKernels k = detail::split_phases(Backend::template kernels<Rule, P, G>());
-    return &k;
-  }
-
-  template <class Rule>
-  static const detail::PhaseKernels* pick_rule(Dtype p, Dtype g, bool rank1) {
-    if constexpr (!std::is_same_v<Rule, typename Rule::rank1_rule>) {
-      if (rank1) return pick_rule<typename Rule::rank1_rule>(p, g, false);
-    }
-    switch (p) {
-      case Dtype::f32: return phase_kernels<Rule, float, float>();
-      case Dtype::bf16:
-        return g == Dtype::f32 ? phase_kernels<Rule, bf16, float>() : phase_kernels<Rule, bf16, bf16>();
-      case Dtype::f16:
-        return g == Dtype::f32 ? phase_kernels<Rule, f16, float>() : phase_kernels<Rule, f16, f16>();
-    }
-    return nullptr;
-  }
-
-  static const detail::PhaseKernels* pick_kernel(Tier t, Dtype p, Dtype g, bool rank1) {
-    switch (t) {
-      case Tier::backbone: return pick_rule<typename Tiers::backbone>(p, g, rank1);
-      case Tier::experts: return pick_rule<typename Tiers::experts>(p, g, rank1);
-      case Tier::router: return pick_rule<typename Tiers::router>(p, g, rank1);
-    }
-    return nullptr;
-  }
-
+  engine_type engine_;
   std::vector<Entry> entries_;
   std::unordered_map<std::string, index_t> index_;
   /// Registered parameters' memory: first byte -> (end, entry index).
   std::map<std::uintptr_t, std::pair<std::uintptr_t, index_t>> memory_;
-  Backend backend_;
   std::uint64_t seed_ = 0;
   std::int64_t steps_ = 0;
   double grad_scale_ = 1.0;
   NonFinitePolicy nonfinite_ = NonFinitePolicy::skip_step;
-  // reused every step; grow with the number of tensors, never with their size
-  std::vector<backend::TensorTask> tasks_;
-  std::vector<backend::TensorTask> phase_tasks_;
-  std::vector<backend::Unit> units_;
-  std::vector<std::size_t> stepped_;
+  /// Reused by every step; grows with the number of tensors, never with their size.
+  std::vector<StepItem> items_;
 };
 
 // ----------------------------------------------------------------- variants

@@ -32,9 +32,9 @@ namespace detail {
 
 /// A single-process optimizer holding `opt`'s parameters (full views) with
 /// `opt`'s settings.
-template <class Tiers, class Comm, class Arch>
-auto single_process_mirror(const ShardedOptimizer<Tiers, Comm, Arch>& opt) {
-  using Single = typename ShardedOptimizer<Tiers, Comm, Arch>::single_process_type;
+template <class Tiers, class Backend, class Comm>
+auto single_process_mirror(const Optimizer<Tiers, Backend, Sharded<Comm>>& opt) {
+  using Single = Optimizer<Tiers, Backend, Local>;
   PerTier<Hyperparameters> h;
   for (Tier t : all_tiers) h[t] = opt.hyperparameters(t);
   auto mirror = std::make_unique<Single>(h, OptimizerOptions{.seed = opt.seed(), .threads = 1});
@@ -49,8 +49,8 @@ auto single_process_mirror(const ShardedOptimizer<Tiers, Comm, Arch>& opt) {
 
 /// Saves the complete state (and, with options.include_params, the gathered
 /// parameter values) to `file`; collective, rank 0 writes.
-template <class Tiers, class Comm, class Arch>
-void save_checkpoint(ShardedOptimizer<Tiers, Comm, Arch>& opt, const std::filesystem::path& file,
+template <class Tiers, class Backend, class Comm>
+void save_checkpoint(Optimizer<Tiers, Backend, Sharded<Comm>>& opt, const std::filesystem::path& file,
                      const SaveOptions& options = {}) {
   OptimizerState full = opt.export_state();
   if (options.include_params) opt.gather_params();
@@ -78,8 +78,8 @@ void save_checkpoint(ShardedOptimizer<Tiers, Comm, Arch>& opt, const std::filesy
 /// `opt`, whose parameters must be those saved (by name, in any order).
 /// Collective; every rank reads the file. Parameter values are loaded into
 /// every rank's full buffers as LoadOptions says.
-template <class Tiers, class Comm, class Arch>
-void load_checkpoint(ShardedOptimizer<Tiers, Comm, Arch>& opt, const std::filesystem::path& file,
+template <class Tiers, class Backend, class Comm>
+void load_checkpoint(Optimizer<Tiers, Backend, Sharded<Comm>>& opt, const std::filesystem::path& file,
                      const LoadOptions& options = {}) {
   auto mirror = detail::single_process_mirror(opt);
   skewadam::load_checkpoint(*mirror, file, options);

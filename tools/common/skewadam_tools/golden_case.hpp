@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -189,14 +190,16 @@ void run_golden_steps(const GoldenCase& c, Opt& opt, ParamId id, std::vector<flo
   }
 }
 
+/// The final state of the case's parameter, from export_state() (so that it
+/// works on every placement; sharded, it is collective).
 template <class Opt>
 void collect_state(const Opt& opt, ParamId id, CaseRun& run) {
-  const ParamStateView s = opt.state(id);
+  const ParamState s = opt.export_state().params[static_cast<std::size_t>(id.index)].state;
   run.state.clear();
-  if (!s.m.empty()) run.state["exp_avg"].assign(s.m.begin(), s.m.end());
-  if (!s.v.empty()) run.state["v"].assign(s.v.begin(), s.v.end());
-  if (!s.v_row.empty()) run.state["v_row"].assign(s.v_row.begin(), s.v_row.end());
-  if (!s.v_col.empty()) run.state["v_col"].assign(s.v_col.begin(), s.v_col.end());
+  if (!s.m.empty()) run.state["exp_avg"] = s.m;
+  if (!s.v.empty()) run.state["v"] = s.v;
+  if (!s.v_row.empty()) run.state["v_row"] = s.v_row;
+  if (!s.v_col.empty()) run.state["v_col"] = s.v_col;
 }
 
 /// Calls f.template operator()<Rule>() with the rule the case's flags name.
@@ -208,18 +211,28 @@ decltype(auto) with_case_rule(const GoldenCase& c, F&& f) {
   return f.template operator()<RouterRule>();
 }
 
-/// Runs a whole case from a fresh state, as the golden README says.
-template <class Backend = backend::DefaultBackend>
-CaseRun run_golden_case(const GoldenCase& c, int threads = 1) {
+/// Runs a whole case from a fresh state, as the golden README says, on the
+/// optimizer `make.template operator()<Tiers>(hyper)` returns (a pointer-like
+/// owner of any front-end configuration).
+template <class Make>
+CaseRun run_golden_case_on(const GoldenCase& c, Make&& make) {
   return with_case_rule(c, [&]<class Rule>() {
-    Optimizer<TierRules<Rule, Rule, Rule>, Backend> opt(c.hyper, OptimizerOptions{.threads = threads});
+    auto opt = make.template operator()<TierRules<Rule, Rule, Rule>>(c.hyper);
     std::vector<float> param = c.param0.data;
     const Shape shape(c.shape.begin(), static_cast<index_t>(c.shape.size()), "case shape");
-    const ParamId id = opt.add(c.name.empty() ? "param" : c.name, Tier::backbone, TensorView<float>(param.data(), shape));
+    const ParamId id = opt->add(c.name.empty() ? "param" : c.name, Tier::backbone, TensorView<float>(param.data(), shape));
     CaseRun run;
-    run_golden_steps(c, opt, id, param, 0, c.steps, run);
-    collect_state(opt, id, run);
+    run_golden_steps(c, *opt, id, param, 0, c.steps, run);
+    collect_state(*opt, id, run);
     return run;
+  });
+}
+
+/// The same on the local placement of a CPU backend.
+template <class Backend = backend::DefaultBackend>
+CaseRun run_golden_case(const GoldenCase& c, int threads = 1) {
+  return run_golden_case_on(c, [&]<class Tiers>(const Hyperparameters& h) {
+    return std::make_unique<Optimizer<Tiers, Backend>>(h, OptimizerOptions{.threads = threads});
   });
 }
 

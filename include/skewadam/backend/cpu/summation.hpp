@@ -33,6 +33,8 @@
 #include <algorithm>
 
 #include "../../config.hpp"
+#include "../../dtype.hpp"
+#include "../../tensor_view.hpp"
 #include "simd.hpp"
 
 namespace skewadam::backend::cpu {
@@ -112,6 +114,25 @@ double wide_sum(index_t n, Term&& term) {
     total += s;
   }
   return total;
+}
+
+/// Sum of squares of elements [first, first + n) of a gradient in host
+/// memory (all of it by default), in double, blocked: the global gradient
+/// norm's terms (E6).
+inline double grad_sum_squares(const GradView& g, index_t first = 0, index_t n = -1) {
+  if (n < 0) n = g.numel() - first;
+  const auto squares = [&]<class T>(const T* x) {
+    return wide_sum(n, [x](index_t i) {
+      const double v = static_cast<double>(to_float(x[i]));
+      return v * v;
+    });
+  };
+  switch (g.dtype) {
+    case Dtype::bf16: return squares(g.as<bf16>() + first);
+    case Dtype::f16: return squares(g.as<f16>() + first);
+    case Dtype::f32: break;
+  }
+  return squares(g.as<float>() + first);
 }
 
 }  // namespace skewadam::backend::cpu
