@@ -22,9 +22,13 @@
 //   export_arrays(i)        host copy of tensor i's complete state arrays.
 //   check_arrays(i, s, who) throws std::invalid_argument (naming who) unless s
 //                           has exactly the arrays tensor i keeps.
-//   stage(states), commit(staged)   (staged_type: what stage() returns)
-//                           import in two halves: stage() may allocate and
-//                           throw; commit() swaps the staged state in, noexcept.
+//   stage_begin(), stage(staged, i, s), commit(staged)
+//                           import in two halves: stage() takes tensor i's
+//                           complete arrays into a staged_type (this process's
+//                           share of them; it may allocate and throw), one
+//                           tensor at a time, so that a sharded import never
+//                           holds more than one complete tensor; commit()
+//                           swaps the staged state in, noexcept.
 //   state_bytes(i)          optimizer-state bytes this process holds of tensor i.
 //   set_threads(n), threads()
 //
@@ -83,15 +87,15 @@ struct Offender {
 template <class E>
 concept OptimizerEngine = requires(E& e, const E& ce, const TensorRegistration& spec, std::span<const StepItem> items,
                                    NonFinitePolicy policy, std::size_t i, const ParamState& s,
-                                   const std::string& who, std::vector<ParamState>&& states,
-                                   typename E::staged_type&& staged) {
+                                   const std::string& who, ParamState&& full, typename E::staged_type& staged) {
   e.add(spec);
   { e.pop_back() } noexcept;
   { e.step(items, policy) } -> std::same_as<std::optional<Offender>>;
   { ce.grad_sum_squares(items) } -> std::same_as<double>;
   { ce.export_arrays(i) } -> std::same_as<ParamState>;
   ce.check_arrays(i, s, who);
-  { ce.stage(std::move(states)) } -> std::same_as<typename E::staged_type>;
+  { ce.stage_begin() } -> std::same_as<typename E::staged_type>;
+  ce.stage(staged, i, std::move(full));
   { e.commit(std::move(staged)) } noexcept;
   { ce.state_bytes(i) } -> std::same_as<index_t>;
   e.set_threads(1);

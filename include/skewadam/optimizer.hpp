@@ -28,6 +28,7 @@
 // sense for one placement exist only for it (state() for Local; rank(),
 // pieces(), gather_params()... for Sharded).
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -199,33 +200,68 @@ class Optimizer : public TierSettings {
     if (next.params.size() != entries_.size())
       throw std::invalid_argument("state: holds " + std::to_string(next.params.size()) +
                                   " parameters, the optimizer has " + std::to_string(entries_.size()));
-    if (next.steps < 0) throw std::invalid_argument("state.steps = " + std::to_string(next.steps) + ": must be >= 0");
-    for (Tier t : all_tiers)
-      validate(next.hyperparameters[static_cast<std::size_t>(tier_index(t))],
-               "state.hyperparameters." + std::string(tier_name(t)));
-    std::vector<ParamState> states;
-    states.reserve(entries_.size());
-    std::vector<std::int64_t> steps(entries_.size());
+    check_header(next.hyperparameters, next.steps);
+    StateImport im = begin_import();
+    for (std::size_t i = 0; i < entries_.size(); ++i)
+      import_param(im, ParamId{static_cast<index_t>(i)}, std::move(next.params[i].state),
+                   next.params[i].rounding_stream, next.steps);
+    finish_import(std::move(im), next.hyperparameters, next.seed, next.steps);
+  }
+
+  /// An import under way (import_state, checkpoint loading): parameters are
+  /// handed over one at a time, each checked and reduced to what this process
+  /// keeps as it comes, so that no more than one complete tensor is held
+  /// beside the staged state. Nothing changes until finish_import().
+  class StateImport {
+    friend class Optimizer;
+    typename engine_type::staged_type staged;
+    std::vector<std::int64_t> steps;
+    std::vector<std::uint32_t> streams;
+    std::vector<char> given;
+  };
+  StateImport begin_import() const {
+    StateImport im;
+    im.staged = engine_.stage_begin();
+    im.steps.assign(entries_.size(), 0);
+    im.streams.assign(entries_.size(), 0);
+    im.given.assign(entries_.size(), 0);
+    return im;
+  }
+  /// Takes one parameter's complete state (its step count must be within
+  /// 0..steps, the optimizer step count of the state being imported).
+  void import_param(StateImport& im, ParamId id, ParamState&& state, std::uint32_t rounding_stream,
+                    std::int64_t steps) const {
+    const std::size_t i = index_of(id);
+    const std::string who = "state of '" + entries_[i].name + "'";
+    engine_.check_arrays(i, state, who);
+    if (state.step < 0 || state.step > steps)
+      throw std::invalid_argument(who + ": step = " + std::to_string(state.step) + " is outside 0.." +
+                                  std::to_string(steps) + " (the optimizer's step count)");
+    im.steps[i] = state.step;
+    im.streams[i] = rounding_stream;
+    engine_.stage(im.staged, i, std::move(state));
+    im.given[i] = 1;
+  }
+  /// Checks that every parameter was given and commits, with the tiers'
+  /// hyperparameters (by tier_index), seed and step count of the state.
+  void finish_import(StateImport&& im, const std::array<Hyperparameters, tier_count>& hyper, std::uint64_t seed,
+                     std::int64_t steps) {
+    check_header(hyper, steps);
     for (std::size_t i = 0; i < entries_.size(); ++i) {
-      const ParamState& got = next.params[i].state;
-      const std::string who = "state of '" + entries_[i].name + "'";
-      engine_.check_arrays(i, got, who);
-      if (got.step < 0 || got.step > next.steps)
-        throw std::invalid_argument(who + ": step = " + std::to_string(got.step) + " is outside 0.." +
-                                    std::to_string(next.steps) + " (the optimizer's step count)");
-      steps[i] = got.step;
-      states.push_back(std::move(next.params[i].state));
+      if (!im.given[i]) throw std::invalid_argument("state of '" + entries_[i].name + "': missing");
+      if (im.steps[i] > steps)
+        throw std::invalid_argument("state of '" + entries_[i].name + "': step = " + std::to_string(im.steps[i]) +
+                                    " is outside 0.." + std::to_string(steps) + " (the optimizer's step count)");
     }
-    auto staged = engine_.stage(std::move(states));
     // commit: swaps and scalar copies only
-    engine_.commit(std::move(staged));
+    engine_.commit(std::move(im.staged));
     for (std::size_t i = 0; i < entries_.size(); ++i) {
-      entries_[i].step = steps[i];
-      entries_[i].id = next.params[i].rounding_stream;
+      entries_[i].step = im.steps[i];
+      entries_[i].id = im.streams[i];
     }
-    for (Tier t : all_tiers) hyper_[t] = next.hyperparameters[static_cast<std::size_t>(tier_index(t))];
-    seed_ = next.seed;
-    steps_ = next.steps;
+    for (Tier t : all_tiers) hyper_[t] = hyper[static_cast<std::size_t>(tier_index(t))];
+    seed_ = seed;
+    steps_ = steps;
   }
 
   // ------------------------------------------------------ hyperparameters
@@ -368,6 +404,12 @@ class Optimizer : public TierSettings {
       it.scope = (*h)[e.tier].clip_scope;
     }
     return it;
+  }
+
+  void check_header(const std::array<Hyperparameters, tier_count>& hyper, std::int64_t steps) const {
+    if (steps < 0) throw std::invalid_argument("state.steps = " + std::to_string(steps) + ": must be >= 0");
+    for (Tier t : all_tiers)
+      validate(hyper[static_cast<std::size_t>(tier_index(t))], "state.hyperparameters." + std::string(tier_name(t)));
   }
 
   NonFiniteGradient describe(const Offender& o) const {

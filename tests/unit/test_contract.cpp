@@ -16,6 +16,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -185,6 +187,18 @@ TEST_CASE_TEMPLATE("contract: the local CPU configuration's bits", Config, CONFI
   CHECK(Observed::take(a, *ref) == Observed::take(b, *opt));
   CHECK(opt->state_bytes() == ref->state_bytes());
   for (Tier t : all_tiers) CHECK(opt->state_bytes(t) == ref->state_bytes(t));
+  // the same state makes the same checkpoint file, byte for byte
+  const std::filesystem::path mine = scratch_file(std::string("same-") + Config::name + ".ckpt");
+  const std::filesystem::path theirs = scratch_file("same-reference.ckpt");
+  Config::save(*opt, mine);
+  CpuLocal::save(*ref, theirs);
+  auto bytes = [](const std::filesystem::path& f) {
+    std::ifstream in(f, std::ios::binary);
+    return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  const std::vector<char> x = bytes(mine), y = bytes(theirs);
+  CHECK(x.size() > 0);
+  CHECK(x == y);
 }
 
 TEST_CASE_TEMPLATE("contract: a resumed run repeats an uninterrupted one bit for bit", Config, CONFIGURATIONS) {

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -186,4 +187,32 @@ TEST_CASE("sharded optimizer: bad input names the argument and changes nothing")
   CHECK(opt.steps() == 1);
   const OptimizerState skipped = opt.export_state();
   for (std::size_t i = 0; i < before.params.size(); ++i) CHECK(same_bits(before.params[i].state.v, skipped.params[i].state.v));
+}
+
+TEST_CASE("sharded checkpoint: a save that cannot be written raises an I/O error and writes nothing") {
+  Model m;
+  dist::SelfCommunicator self;
+  dist::ShardedOptimizer<SkewAdamTiers, dist::SelfCommunicator> opt(self, hyper());
+  m.add_to(opt);
+  m.grads(1);
+  REQUIRE(opt.step().applied);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "skewadam-sharded-save";
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path file = dir / "opt.ckpt";
+  dist::save_checkpoint(opt, file);
+  const auto saved_size = std::filesystem::file_size(file);
+  const CheckpointInfo saved = read_checkpoint_info(file);
+  CHECK(saved.steps == 1);
+
+  // a folder that does not exist: raised on every rank (here: the one), as an I/O error
+  const std::filesystem::path nowhere = dir / "no-such-folder" / "opt.ckpt";
+  CHECK_THROWS_WITH_AS(dist::save_checkpoint(opt, nowhere), doctest::Contains("rank 0: "), CheckpointError);
+  CHECK_FALSE(std::filesystem::exists(nowhere));
+
+  // the file saved before loads, and takes the optimizer back to its step
+  m.grads(2);
+  REQUIRE(opt.step().applied);
+  CHECK(std::filesystem::file_size(file) == saved_size);
+  dist::load_checkpoint(opt, file);
+  CHECK(opt.steps() == 1);
 }

@@ -147,7 +147,7 @@ inline std::string bytes_text(std::uint64_t n) { return std::to_string(n) + (n =
 
 // ------------------------------------------------------------ little endian
 inline void put_le(unsigned char* p, std::uint64_t v, int bytes) noexcept {
-  for (int i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+  for (int i = 0; i < bytes && i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
 }
 inline std::uint64_t get_le(const unsigned char* p, int bytes) noexcept {
   std::uint64_t v = 0;

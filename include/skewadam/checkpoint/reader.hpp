@@ -143,9 +143,10 @@ void read_data_record(Source& src, void* dst, std::uint64_t count, std::size_t e
 /// Walks a checkpoint: header, optimizer record, every parameter record and
 /// its arrays, end record. `on_optimizer(info)` sees the header and optimizer
 /// record; `on_param(param)` returns, per array, where to read it (null:
-/// skip). Every structural problem throws CheckpointError.
-template <class Source, class OnOptimizer, class OnParam>
-void walk(Source& src, CheckpointInfo& info, OnOptimizer&& on_optimizer, OnParam&& on_param) {
+/// skip); `on_arrays(param)` is called once they have been read. Every
+/// structural problem throws CheckpointError.
+template <class Source, class OnOptimizer, class OnParam, class OnArrays>
+void walk(Source& src, CheckpointInfo& info, OnOptimizer&& on_optimizer, OnParam&& on_param, OnArrays&& on_arrays) {
   const std::string& where = src.where();
   const Header h = read_header(src);
   info.format_version = h.version;
@@ -163,6 +164,7 @@ void walk(Source& src, CheckpointInfo& info, OnOptimizer&& on_optimizer, OnParam
       read_data_record(src, i < dst.size() ? dst[i] : nullptr, static_cast<std::uint64_t>(a.shape.numel()),
                        static_cast<std::size_t>(dtype_size(a.dtype)), "'" + p.name + "' " + a.name + " data");
     }
+    on_arrays(static_cast<const CheckpointInfo::Param&>(p));
     info.params.push_back(std::move(p));
   }
   const std::vector<unsigned char> end = read_small_record(src, tag_end, "end");
@@ -175,18 +177,39 @@ void walk(Source& src, CheckpointInfo& info, OnOptimizer&& on_optimizer, OnParam
   if (src.position() != src.size()) throw corrupt(where, "unexpected bytes after the end record");
 }
 
+template <class Source, class OnOptimizer, class OnParam>
+void walk(Source& src, CheckpointInfo& info, OnOptimizer&& on_optimizer, OnParam&& on_param) {
+  walk(src, info, on_optimizer, on_param, [](const CheckpointInfo::Param&) {});
+}
+
 // ----------------------------------------------------------------- loading
-template <class Tiers, class Backend, class Source>
-void load(Optimizer<Tiers, Backend, Local>& opt, Source& src, const LoadOptions& options) {
+/// Loads a checkpoint into an optimizer of any placement: each parameter's
+/// arrays are read and handed to the optimizer's import as they come
+/// (Optimizer::import_param), so that a sharded optimizer keeps only its share
+/// and never holds more than one complete tensor besides.
+template <class Tiers, class Backend, class Placement, class Source>
+void load(Optimizer<Tiers, Backend, Placement>& opt, Source& src, const LoadOptions& options) {
+  using Opt = Optimizer<Tiers, Backend, Placement>;
   const std::string& where = src.where();
   const auto n = static_cast<std::size_t>(opt.size());
   std::vector<std::string> problems;
-  OptimizerState next;
-  next.params.resize(n);
+  std::array<Hyperparameters, tier_count> hyper{};
   std::vector<char> found(n, 0);
   std::vector<std::vector<unsigned char>> values;
   bool load_values = false;
   std::array<bool, tier_count> rule_ok{};
+  typename Opt::StateImport import = opt.begin_import();
+  // the parameter being read, if its state is to be taken
+  std::optional<ParamId> current;
+  ParamState state;
+
+  auto take = [&](auto&& f) {
+    try {
+      f();
+    } catch (const std::invalid_argument& e) {
+      throw corrupt(where, e.what());
+    }
+  };
 
   CheckpointInfo info;
   walk(
@@ -204,13 +227,12 @@ void load(Optimizer<Tiers, Backend, Local>& opt, Source& src, const LoadOptions&
           if (!rule_ok[i])
             problems.push_back("tier " + c.tiers[i].name + ": rule " + c.tiers[i].rule +
                                " in the checkpoint, " + mine + " in this optimizer");
-          next.hyperparameters[i] = c.tiers[i].hyperparameters;
+          hyper[i] = c.tiers[i].hyperparameters;
         }
-        next.seed = c.seed;
-        next.steps = c.steps;
       },
       [&](const CheckpointInfo::Param& p) -> std::vector<void*> {
         std::vector<void*> dst;
+        current.reset();
         const std::optional<ParamId> id = opt.find(p.name);
         if (!id) {
           problems.push_back("'" + p.name + "': in the checkpoint, not registered");
@@ -238,9 +260,9 @@ void load(Optimizer<Tiers, Backend, Local>& opt, Source& src, const LoadOptions&
                              arrays_text(want) + " kept by this optimizer");
           return dst;
         }
-        OptimizerState::Param& np = next.params[i];
-        np.state.step = p.step;
-        np.rounding_stream = p.rounding_stream;
+        current = id;
+        state = ParamState{};
+        state.step = p.step;
         for (const auto& a : p.arrays) {
           if (a.name == values_array) {
             if (!load_values) {
@@ -251,11 +273,16 @@ void load(Optimizer<Tiers, Backend, Local>& opt, Source& src, const LoadOptions&
             dst.push_back(values[i].data());
             continue;
           }
-          std::vector<float>& v = a.name == "m" ? np.state.m : a.name == "v" ? np.state.v : a.name == "v_row" ? np.state.v_row : np.state.v_col;
+          std::vector<float>& v = a.name == "m" ? state.m : a.name == "v" ? state.v : a.name == "v_row" ? state.v_row : state.v_col;
           v.resize(static_cast<std::size_t>(a.shape.numel()));
           dst.push_back(v.data());
         }
         return dst;
+      },
+      [&](const CheckpointInfo::Param& p) {
+        if (!current || !problems.empty()) return;  // a mismatch: nothing will be imported
+        take([&] { opt.import_param(import, *current, std::move(state), p.rounding_stream, info.steps); });
+        current.reset();
       });
 
   for (std::size_t i = 0; i < n; ++i)
@@ -268,11 +295,7 @@ void load(Optimizer<Tiers, Backend, Local>& opt, Source& src, const LoadOptions&
     if (problems.size() > shown) msg += "\n  ... and " + std::to_string(problems.size() - shown) + " more";
     throw CheckpointError(CheckpointError::Kind::mismatch, msg);
   }
-  try {
-    opt.import_state(std::move(next));
-  } catch (const std::invalid_argument& e) {
-    throw corrupt(where, e.what());
-  }
+  take([&] { opt.finish_import(std::move(import), hyper, info.seed, info.steps); });
   // cannot fail: sizes were checked against the registered parameters
   if (load_values)
     for (std::size_t i = 0; i < n; ++i) {

@@ -5,12 +5,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../optimizer.hpp"
+#include "../param_state.hpp"
 #include "../rule_name.hpp"
 #include "format.hpp"
 
@@ -71,9 +74,49 @@ class RecordWriter {
   std::uint64_t left_ = 0;
 };
 
+/// A sink that drops everything (the ranks that take part in a sharded save
+/// without writing).
+class NullSink {
+ public:
+  void write(const void*, std::size_t) noexcept {}
+};
+
+/// Passes writes on until one fails, then drops the rest: a sharded save
+/// keeps taking part in the collective gathers after rank 0's file failed,
+/// and reports the failure at the end.
+template <class Sink>
+class GuardedSink {
+ public:
+  explicit GuardedSink(Sink* sink) : sink_(sink) {}
+  void write(const void* p, std::size_t n) {
+    if (sink_ == nullptr || !failure_.empty()) return;
+    try {
+      sink_->write(p, n);
+    } catch (const std::exception& e) {
+      failure_ = e.what();
+      if (failure_.empty()) failure_ = "writing failed";
+    }
+  }
+  const std::string& failure() const noexcept { return failure_; }
+  void fail(std::string what) {
+    if (failure_.empty()) failure_ = std::move(what);
+  }
+
+ private:
+  Sink* sink_;
+  std::string failure_;
+};
+
+inline ParamStateView arrays_of(const ParamStateView& s) noexcept { return s; }
+inline ParamStateView arrays_of(const ParamState& s) noexcept { return {s.m, s.v, s.v_row, s.v_col, s.step}; }
+
 // ------------------------------------------------------------------ saving
-template <class Tiers, class Backend, class Sink>
-void save(const Optimizer<Tiers, Backend, Local>& opt, Sink& sink, const SaveOptions& options) {
+/// Streams `opt`'s state into `sink`: `fetch(id)` gives parameter id's
+/// complete state arrays (a ParamStateView, or a ParamState it owns), one
+/// parameter at a time.
+template <class Tiers, class Backend, class Placement, class Sink, class Fetch>
+void save_with(const Optimizer<Tiers, Backend, Placement>& opt, Sink& sink, const SaveOptions& options,
+               Fetch&& fetch) {
   CheckpointInfo info;
   info.steps = opt.steps();
   info.seed = opt.seed();
@@ -99,7 +142,7 @@ void save(const Optimizer<Tiers, Backend, Local>& opt, Sink& sink, const SaveOpt
     p.tier = opt.tier(id);
     p.dtype = pv.dtype;
     p.shape = pv.shape;
-    p.step = opt.state(id).step;
+    p.step = opt.step_count(id);
     p.rounding_stream = opt.rounding_stream(id);
     p.arrays = state_arrays(Tiers::layout(p.tier), p.shape);
     if (options.include_params) p.arrays.push_back({std::string(values_array), p.dtype, p.shape});
@@ -126,7 +169,8 @@ void save(const Optimizer<Tiers, Backend, Local>& opt, Sink& sink, const SaveOpt
   for (std::size_t i = 0; i < n; ++i) {
     const ParamId id{static_cast<index_t>(i)};
     w.record(tag_param, records[i]);
-    const ParamStateView s = opt.state(id);
+    const auto held = fetch(id);
+    const ParamStateView s = arrays_of(held);
     for (const auto& a : state_arrays(Tiers::layout(opt.tier(id)), opt.param(id).shape)) {
       const std::span<const float> data = a.name == "m" ? s.m : a.name == "v" ? s.v : a.name == "v_row" ? s.v_row : s.v_col;
       if (static_cast<index_t>(data.size()) != a.shape.numel())
@@ -147,6 +191,12 @@ void save(const Optimizer<Tiers, Backend, Local>& opt, Sink& sink, const SaveOpt
   Encoder end;
   end.u64(n);
   w.record(tag_end, end.bytes());
+}
+
+/// Saves an optimizer of the local placement (its state is in this process).
+template <class Tiers, class Backend, class Sink>
+void save(const Optimizer<Tiers, Backend, Local>& opt, Sink& sink, const SaveOptions& options) {
+  save_with(opt, sink, options, [&](ParamId id) { return opt.state(id); });
 }
 
 }  // namespace skewadam::detail::ckpt

@@ -1,5 +1,5 @@
 #pragma once
-// Checkpoints of a ShardedOptimizer, in the single-process format
+// Checkpoints of a sharded optimizer, in the single-process format
 // (checkpoint.hpp, docs/checkpoint-format.md): state stored per parameter by
 // name and logical shape, never by shard. A run saved with N ranks therefore
 // resumes with M ranks, or in one process with skewadam::load_checkpoint, and
@@ -8,62 +8,60 @@
 //   skewadam::dist::save_checkpoint(opt, "run/optimizer.ckpt");   // collective; rank 0 writes
 //   skewadam::dist::load_checkpoint(opt, "run/optimizer.ckpt");   // collective; every rank reads
 //
-// Saving gathers the complete state on every rank (export_state), and rank 0
-// writes it through a single-process Optimizer holding the same parameters;
-// a failure on rank 0 is raised as CheckpointError on every rank. Loading has
-// every rank read the file (a file system all ranks see) into a
-// single-process Optimizer, checked exactly as load_checkpoint checks it, and
-// keep its own share; on error nothing has changed, on any rank that raised.
-// Both hold the complete state of the model once while they run.
+// Saving streams the file one parameter at a time: the ranks gather that
+// parameter's complete state arrays from their owners (every rank takes part;
+// rank 0 writes them, the others drop them), so no rank ever holds more than
+// one complete tensor's state besides its own share. A failure on rank 0
+// (the file cannot be written) is raised as CheckpointError on every rank,
+// after the gathers, and the previous file is left in place. Loading has
+// every rank read the file (a file system all ranks see) and keep only its
+// share of each parameter as it is read, checked exactly as load_checkpoint
+// checks it; on error nothing has changed, on any rank that raised.
 
 #include <cstdint>
 #include <filesystem>
-#include <memory>
+#include <optional>
 #include <span>
 #include <string>
-#include <vector>
 
 #include "../checkpoint.hpp"
 #include "sharded_optimizer.hpp"
 
 namespace skewadam::dist {
 
-namespace detail {
-
-/// A single-process optimizer holding `opt`'s parameters (full views) with
-/// `opt`'s settings.
-template <class Tiers, class Backend, class Comm>
-auto single_process_mirror(const Optimizer<Tiers, Backend, Sharded<Comm>>& opt) {
-  using Single = Optimizer<Tiers, Backend, Local>;
-  PerTier<Hyperparameters> h;
-  for (Tier t : all_tiers) h[t] = opt.hyperparameters(t);
-  auto mirror = std::make_unique<Single>(h, OptimizerOptions{.seed = opt.seed(), .threads = 1});
-  for (index_t i = 0; i < opt.size(); ++i) {
-    const ParamId id{i};
-    mirror->add(opt.name(id), opt.tier(id), opt.param(id));
-  }
-  return mirror;
-}
-
-}  // namespace detail
-
 /// Saves the complete state (and, with options.include_params, the gathered
 /// parameter values) to `file`; collective, rank 0 writes.
 template <class Tiers, class Backend, class Comm>
 void save_checkpoint(Optimizer<Tiers, Backend, Sharded<Comm>>& opt, const std::filesystem::path& file,
                      const SaveOptions& options = {}) {
-  OptimizerState full = opt.export_state();
+  using skewadam::detail::ckpt::AtomicFileSink;
+  using skewadam::detail::ckpt::GuardedSink;
   if (options.include_params) opt.gather_params();
+  // collective, in parameter order on every rank
+  const auto fetch = [&](ParamId id) { return opt.engine().export_arrays(static_cast<std::size_t>(id.index)); };
   std::string failure;
   if (opt.rank() == 0) {
+    std::optional<AtomicFileSink> file_sink;
+    GuardedSink<AtomicFileSink> sink(nullptr);
     try {
-      auto mirror = detail::single_process_mirror(opt);
-      mirror->import_state(std::move(full));
-      skewadam::save_checkpoint(*mirror, file, options);
+      file_sink.emplace(file);
+      sink = GuardedSink<AtomicFileSink>(&*file_sink);
     } catch (const std::exception& e) {
-      failure = e.what();
-      if (failure.empty()) failure = "saving failed";
+      sink.fail(e.what());
     }
+    skewadam::detail::ckpt::save_with(opt, sink, options, fetch);
+    failure = sink.failure();
+    if (failure.empty()) {
+      try {
+        file_sink->commit();
+      } catch (const std::exception& e) {
+        failure = e.what();
+        if (failure.empty()) failure = "saving failed";
+      }
+    }
+  } else {
+    skewadam::detail::ckpt::NullSink sink;
+    skewadam::detail::ckpt::save_with(opt, sink, options, fetch);
   }
   // every rank learns whether rank 0 succeeded
   std::uint64_t length = failure.size();
@@ -81,9 +79,8 @@ void save_checkpoint(Optimizer<Tiers, Backend, Sharded<Comm>>& opt, const std::f
 template <class Tiers, class Backend, class Comm>
 void load_checkpoint(Optimizer<Tiers, Backend, Sharded<Comm>>& opt, const std::filesystem::path& file,
                      const LoadOptions& options = {}) {
-  auto mirror = detail::single_process_mirror(opt);
-  skewadam::load_checkpoint(*mirror, file, options);
-  opt.import_state(mirror->export_state());
+  skewadam::detail::ckpt::FileSource src(file);
+  skewadam::detail::ckpt::load(opt, src, options);
 }
 
 }  // namespace skewadam::dist

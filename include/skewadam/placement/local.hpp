@@ -108,7 +108,8 @@ class LocalEngine<Tiers, backend::CpuBackend<Arch>> {
     same_size(have.v_row.size(), got.v_row.size(), who, "v_row");
     same_size(have.v_col.size(), got.v_col.size(), who, "v_col");
   }
-  std::vector<ParamState> stage(std::vector<ParamState>&& states) const { return std::move(states); }
+  staged_type stage_begin() const { return staged_type(tensors_.size()); }
+  void stage(staged_type& staged, std::size_t i, ParamState&& full) const { staged[i] = std::move(full); }
   void commit(std::vector<ParamState>&& staged) noexcept {
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
       std::swap(tensors_[i].state, staged[i]);

@@ -165,18 +165,15 @@ class ShardedEngine<Tiers, backend::CpuBackend<Arch>, Comm> {
     same_size(got.v_row.size(), want.v_row, "v_row");
     same_size(got.v_col.size(), want.v_col, "v_col");
   }
-  /// This rank's share of complete states.
-  std::vector<ParamState> stage(std::vector<ParamState>&& full) const {
-    std::vector<ParamState> local(entries_.size());
-    for (std::size_t i = 0; i < entries_.size(); ++i) {
-      const Entry& e = entries_[i];
-      ParamState& l = local[i];
-      l.m = slice_of(e, Array::m, full[i].m);
-      l.v = slice_of(e, Array::v, full[i].v);
-      l.v_row = slice_of(e, Array::v_row, full[i].v_row);
-      l.v_col = slice_of(e, Array::v_col, full[i].v_col);
-    }
-    return local;
+  staged_type stage_begin() const { return staged_type(entries_.size()); }
+  /// Keeps this rank's share of tensor i's complete arrays.
+  void stage(staged_type& staged, std::size_t i, ParamState&& full) const {
+    const Entry& e = entries_[i];
+    ParamState& l = staged[i];
+    l.m = slice_of(e, Array::m, full.m);
+    l.v = slice_of(e, Array::v, full.v);
+    l.v_row = slice_of(e, Array::v_row, full.v_row);
+    l.v_col = slice_of(e, Array::v_col, full.v_col);
   }
   void commit(std::vector<ParamState>&& staged) noexcept {
     for (std::size_t i = 0; i < entries_.size(); ++i) std::swap(entries_[i].state, staged[i]);
