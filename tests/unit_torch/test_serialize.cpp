@@ -1,6 +1,6 @@
 // save()/load() through torch::serialize: a resumed run is bit-identical to an
-// uninterrupted one, and a checkpoint that does not fit is refused without
-// changing anything.
+// uninterrupted one, a checkpoint that does not fit is refused without
+// changing anything, and the archive carries the library's own checkpoint.
 
 #include <skewadam/torch/optimizer.hpp>
 
@@ -8,6 +8,8 @@
 
 #include <torch/torch.h>
 
+#include <cstddef>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -173,35 +175,91 @@ TEST_CASE("a checkpoint that does not fit is refused and nothing changes") {
 
   SUBCASE("another rule") {
     skewadam::libtorch::UniformAblation other(b, test_options());
-    expect_refused(other, b, "state layouts");
+    expect_refused(other, b, "in the checkpoint, " + skewadam::tier_rule_name<skewadam::UniformTiers>(skewadam::Tier::experts) + " in this optimizer");
   }
   SUBCASE("a parameter missing") {
     Named fewer(b.begin(), b.end() - 1);
     skewadam::libtorch::SkewAdam other(fewer, test_options());
-    expect_refused(other, fewer, "holds 9 parameters, the optimizer has 8");
+    expect_refused(other, fewer, "'" + b.back().first + "': in the checkpoint, not registered");
   }
   SUBCASE("a renamed parameter") {
     Named renamed = b;
     renamed[0].first = "embedding.weight";
     skewadam::libtorch::SkewAdam other(renamed, test_options());
-    expect_refused(other, renamed, "'tok_emb.weight' is not registered");
+    expect_refused(other, renamed, "'tok_emb.weight': in the checkpoint, not registered");
   }
   SUBCASE("another tier") {
     skewadam::libtorch::Options o = test_options();
     o.tier_rules = skewadam::TierAssigner::from_strings({"router=backbone"});
     skewadam::libtorch::SkewAdam other(b, o);
-    expect_refused(other, b, "saved in tier router, registered in backbone");
+    expect_refused(other, b, "tier router in the checkpoint, backbone registered");
   }
   SUBCASE("another shape") {
     Named reshaped = b;
     reshaped[0].second = torch::zeros({20, 32});
     skewadam::libtorch::SkewAdam other(reshaped, test_options());
-    expect_refused(other, reshaped, "another shape");
+    expect_refused(other, reshaped, "shape [40, 16] in the checkpoint, [20, 32] registered");
   }
   SUBCASE("another dtype") {
     Named cast = b;
     cast[0].second = cast[0].second.to(torch::kBFloat16);
     skewadam::libtorch::SkewAdam other(cast, test_options());
-    expect_refused(other, cast, "saved as f32, registered as bf16");
+    expect_refused(other, cast, "dtype f32 in the checkpoint, bf16 registered");
   }
+}
+
+TEST_CASE("the archive carries the library's checkpoint: it loads into skewadam::Optimizer and back") {
+  const Named start = make_params();
+  const Named a = clone(start);
+  skewadam::libtorch::SkewAdam opt(a, test_options());
+  run_steps(opt, a, start, 1, 3);
+  const std::string archive_bytes = saved(opt);
+
+  // the byte tensor under "checkpoint" is a file of docs/checkpoint-format.md
+  std::istringstream in(archive_bytes);
+  torch::serialize::InputArchive archive;
+  archive.load_from(in);
+  torch::Tensor t;
+  archive.read("checkpoint", t, true);
+  REQUIRE((t.scalar_type() == torch::kByte));
+  const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(t.data_ptr<std::uint8_t>()),
+                                         static_cast<std::size_t>(t.numel()));
+  CHECK(bytes.size() > 0);
+  const skewadam::CheckpointInfo info = skewadam::read_checkpoint_info(bytes);
+  CHECK(info.steps == 3);
+  CHECK(info.params.size() == opt.names().size());
+
+  // ... which the library's own optimizer loads, holding the same parameters
+  const Named b = clone(a);
+  skewadam::SkewAdam core(test_options().hyperparameters);
+  for (const auto& [name, tensor] : b) {
+    namespace d = skewadam::libtorch::detail;
+    core.add(name, opt.tier(name), d::param_view(tensor, d::dtype_of_tensor(tensor, name), d::shape_of_tensor(tensor, name)));
+  }
+  skewadam::load_checkpoint(core, bytes);
+  const skewadam::OptimizerState x = core.export_state(), y = opt.core().export_state();
+  REQUIRE(x.params.size() == y.params.size());
+  CHECK(x.steps == y.steps);
+  for (std::size_t i = 0; i < x.params.size(); ++i) {
+    CHECK(x.params[i].state.step == y.params[i].state.step);
+    CHECK((x.params[i].state.m == y.params[i].state.m));
+    CHECK((x.params[i].state.v == y.params[i].state.v));
+    CHECK((x.params[i].state.v_row == y.params[i].state.v_row));
+    CHECK((x.params[i].state.v_col == y.params[i].state.v_col));
+  }
+  // and what the library writes loads into the adapter
+  const std::vector<std::byte> written = skewadam::checkpoint_bytes(core);
+  torch::serialize::OutputArchive out_archive;
+  out_archive.write("skewadam_format", c10::IValue(skewadam::libtorch::archive_format_version));
+  out_archive.write("checkpoint",
+                    torch::from_blob(const_cast<std::byte*>(written.data()), {static_cast<std::int64_t>(written.size())},
+                                     torch::kByte)
+                        .clone(),
+                    true);
+  std::ostringstream out;
+  out_archive.save_to(out);
+  const Named c = clone(start);
+  skewadam::libtorch::SkewAdam other(c, test_options());
+  load_into(other, out.str());
+  CHECK(same_state(snapshot(other), snapshot(opt)));
 }

@@ -37,9 +37,12 @@
 //
 // state(): one ParamState per parameter, whose tensors view the optimizer's
 // own state (no copy). save()/load() write and read the complete state through
-// torch::serialize archives (torch::save(optimizer, ...) works too), by
-// parameter name; load() checks every name, tier, dtype and shape before it
-// changes anything, and a resumed run continues bit for bit.
+// torch::serialize archives (torch::save(optimizer, ...) works too): the
+// archive carries the library's own checkpoint (checkpoint.hpp,
+// docs/checkpoint-format.md) as one byte tensor, so a state saved through
+// torch loads with skewadam::load_checkpoint and back; load() checks every
+// name, tier, rule, dtype and shape before it changes anything, and a resumed
+// run continues bit for bit.
 //
 // This header is not part of <skewadam/skewadam.hpp>: it needs LibTorch.
 
@@ -67,6 +70,7 @@
 #include <utility>
 #include <vector>
 
+#include "../checkpoint.hpp"
 #include "../hyperparameters.hpp"
 #include "../nonfinite.hpp"
 #include "../optimizer.hpp"
@@ -84,8 +88,9 @@ namespace skewadam::libtorch {
 static_assert(sizeof(c10::BFloat16) == sizeof(bf16) && sizeof(c10::Half) == sizeof(f16),
               "skewadam::libtorch: LibTorch's 16-bit types must have the layout of skewadam's");
 
-/// Version of the layout save() writes.
-inline constexpr std::int64_t archive_format_version = 1;
+/// Version of the layout save() writes: 2, the library's checkpoint bytes
+/// under "checkpoint" (1, a layout of its own, is no longer read).
+inline constexpr std::int64_t archive_format_version = 2;
 
 /// What the optimizer is built with.
 struct Options {
@@ -287,13 +292,6 @@ inline StateShapes state_shapes(const Shape& shape) {
   return s;
 }
 
-inline std::string layout_signature(StateLayout b, StateLayout e, StateLayout r) {
-  auto one = [](StateLayout l) {
-    return std::string(l.momentum ? "m" : "-") + (l.factored ? "f" : "x");
-  };
-  return "backbone:" + one(b) + ",experts:" + one(e) + ",router:" + one(r);
-}
-
 }  // namespace detail
 
 /// SkewAdam (or any TierRules variant) behind torch's Optimizer interface.
@@ -404,7 +402,7 @@ class Optimizer : public ::torch::optim::Optimizer {
     }
     core_->clear_grads();
     for (Param& p : params_) {
-      const std::int64_t s = core_->state(p.id).step;
+      const std::int64_t s = core_->step_count(p.id);
       if (s != p.state->step) p.tensor.unsafeGetTensorImpl()->bump_version();  // written in place
       p.state->step = s;
     }
@@ -451,128 +449,43 @@ class Optimizer : public ::torch::optim::Optimizer {
   std::int64_t steps() const noexcept { return core_->steps(); }
 
   // --------------------------------------------------------- save and load
-  /// Writes the complete state: format version, the rules' state layouts,
-  /// seed, step count, each tier's hyperparameters, and per parameter (by
-  /// name) its tier, dtype, shape, step count, rounding stream and state
-  /// arrays (fp32, in their logical shapes).
+  /// Writes the complete state as the library's checkpoint (checkpoint.hpp:
+  /// per parameter by name its tier, dtype, shape, step count, rounding stream
+  /// and state arrays; per tier its rule and the param group's
+  /// hyperparameters; the step count and seed), in one byte tensor.
   void save(::torch::serialize::OutputArchive& archive) const override {
-    const OptimizerState state = core_->export_state();
+    check_groups();
+    for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
+    std::vector<std::byte> bytes = checkpoint_bytes(*core_);
+    const auto n = static_cast<std::int64_t>(bytes.size());
     archive.write("skewadam_format", c10::IValue(archive_format_version));
-    archive.write("layouts", c10::IValue(layouts()));
-    archive.write("seed", c10::IValue(static_cast<std::int64_t>(state.seed)));
-    archive.write("steps", c10::IValue(state.steps));
-    ::torch::serialize::OutputArchive groups(archive.compilation_unit());
-    for (Tier t : all_tiers) {
-      ::torch::serialize::OutputArchive g(archive.compilation_unit());
-      group_options(t).serialize(g);
-      groups.write(std::string(tier_name(t)), g);
-    }
-    archive.write("hyperparameters", groups);
-    archive.write("count", c10::IValue(static_cast<std::int64_t>(params_.size())));
-    ::torch::serialize::OutputArchive list(archive.compilation_unit());
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      const Param& p = params_[i];
-      const OptimizerState::Param& s = state.params[static_cast<std::size_t>(p.id.index)];
-      ::torch::serialize::OutputArchive a(archive.compilation_unit());
-      a.write("name", c10::IValue(p.name));
-      a.write("tier", c10::IValue(static_cast<std::int64_t>(tier_index(p.tier))));
-      a.write("dtype", c10::IValue(std::string(dtype_name(p.dtype))));
-      a.write("shape", c10::IValue(std::vector<std::int64_t>(p.shape.begin(), p.shape.end())));
-      a.write("step", c10::IValue(s.state.step));
-      a.write("rounding_stream", c10::IValue(static_cast<std::int64_t>(s.rounding_stream)));
-      const detail::StateShapes shapes = detail::state_shapes(p.shape);
-      auto write = [&](const char* key, const std::vector<float>& values, const std::vector<std::int64_t>& sizes) {
-        if (!values.empty()) a.write(key, detail::view_of(values, sizes).clone(), true);
-      };
-      write("m", s.state.m, shapes.full);
-      write("v", s.state.v, shapes.full);
-      write("v_row", s.state.v_row, shapes.rows);
-      write("v_col", s.state.v_col, shapes.cols);
-      list.write(std::to_string(i), a);
-    }
-    archive.write("params", list);
+    archive.write("checkpoint",
+                  at::from_blob(bytes.data(), {n}, at::TensorOptions().dtype(at::kByte)).clone(), true);
   }
 
-  /// Reads what save() wrote. Every name, tier, dtype, shape and array size is
-  /// checked against the registered parameters first; on any mismatch it
-  /// throws std::invalid_argument saying what differs, and nothing changes.
-  /// The state arrays are replaced: tensors taken from state() or
-  /// param_state() before load() no longer view the optimizer's state.
+  /// Reads what save() wrote (or the bytes of skewadam::save_checkpoint of an
+  /// optimizer with the same parameters). Everything is checked against the
+  /// registered parameters first (load_checkpoint); on any mismatch it throws
+  /// std::invalid_argument saying what differs, and nothing changes. The
+  /// state arrays are replaced: tensors taken from state() or param_state()
+  /// before load() no longer view the optimizer's state.
   void load(::torch::serialize::InputArchive& archive) override {
     const std::int64_t format = read_int(archive, "skewadam_format");
     if (format != archive_format_version)
       throw std::invalid_argument("archive: format version " + std::to_string(format) + ", this build reads " +
                                   std::to_string(archive_format_version));
-    const std::string saved_layouts = read_string(archive, "layouts");
-    if (saved_layouts != layouts())
-      throw std::invalid_argument("archive: written by an optimizer with state layouts {" + saved_layouts +
-                                  "}, this one has {" + layouts() + "}");
-    OptimizerState next;
-    next.seed = static_cast<std::uint64_t>(read_int(archive, "seed"));
-    next.steps = read_int(archive, "steps");
-    if (next.steps < 0) throw std::invalid_argument("archive: negative step count");
-
-    ::torch::serialize::InputArchive groups;
-    archive.read("hyperparameters", groups);
-    PerTier<GroupOptions> hyper;
-    for (Tier t : all_tiers) {
-      ::torch::serialize::InputArchive g;
-      groups.read(std::string(tier_name(t)), g);
-      hyper[t].serialize(g);
-      if (hyper[t].tier() != t)
-        throw std::invalid_argument("archive: hyperparameters of " + std::string(tier_name(t)) + " name tier " +
-                                    std::string(tier_name(hyper[t].tier())));
-      next.hyperparameters[static_cast<std::size_t>(tier_index(t))] = hyper[t].hyperparameters();
+    at::Tensor t;
+    if (!archive.try_read("checkpoint", t, true) || t.scalar_type() != at::kByte || t.dim() != 1)
+      throw std::invalid_argument("archive: 'checkpoint' (a byte tensor) is missing");
+    const at::Tensor c = t.contiguous();
+    const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(c.data_ptr<std::uint8_t>()),
+                                           static_cast<std::size_t>(c.numel()));
+    try {
+      load_checkpoint(*core_, bytes, LoadOptions{.params = ParamValues::ignore});
+    } catch (const CheckpointError& e) {
+      throw std::invalid_argument(std::string("archive: ") + e.what());
     }
-
-    const std::int64_t count = read_int(archive, "count");
-    if (count != static_cast<std::int64_t>(params_.size()))
-      throw std::invalid_argument("archive: holds " + std::to_string(count) + " parameters, the optimizer has " +
-                                  std::to_string(params_.size()));
-    ::torch::serialize::InputArchive list;
-    archive.read("params", list);
-    next.params.resize(params_.size());
-    std::vector<bool> seen(params_.size(), false);
-    for (std::int64_t i = 0; i < count; ++i) {
-      ::torch::serialize::InputArchive a;
-      list.read(std::to_string(i), a);
-      const std::string name = read_string(a, "name");
-      const std::string who = "archive: parameter '" + name + "'";
-      auto it = by_name_.find(name);
-      if (it == by_name_.end()) throw std::invalid_argument(who + " is not registered with this optimizer");
-      const Param& p = params_[it->second];
-      if (seen[it->second]) throw std::invalid_argument(who + " appears twice");
-      seen[it->second] = true;
-      const std::int64_t tier = read_int(a, "tier");
-      if (tier != tier_index(p.tier))
-        throw std::invalid_argument(who + ": saved in tier " + tier_label(tier) + ", registered in " +
-                                    std::string(tier_name(p.tier)));
-      const std::string dtype = read_string(a, "dtype");
-      if (dtype != dtype_name(p.dtype))
-        throw std::invalid_argument(who + ": saved as " + dtype + ", registered as " + std::string(dtype_name(p.dtype)));
-      c10::IValue shape;
-      a.read("shape", shape);
-      const std::vector<std::int64_t> want(p.shape.begin(), p.shape.end());
-      if (!shape.isIntList() || shape.toIntVector() != want)
-        throw std::invalid_argument(who + ": saved with another shape than the registered " + p.shape.str());
-      OptimizerState::Param& s = next.params[static_cast<std::size_t>(p.id.index)];
-      s.state.step = read_int(a, "step");
-      if (s.state.step < 0 || s.state.step > next.steps)
-        throw std::invalid_argument(who + ": step count out of range");
-      const std::int64_t stream = read_int(a, "rounding_stream");
-      if (stream < 0 || stream > static_cast<std::int64_t>(std::numeric_limits<std::uint32_t>::max()))
-        throw std::invalid_argument(who + ": rounding stream out of range");
-      s.rounding_stream = static_cast<std::uint32_t>(stream);
-      const ParamStateView live = core_->state(p.id);
-      read_array(a, "m", live.m.size(), who, s.state.m);
-      read_array(a, "v", live.v.size(), who, s.state.v);
-      read_array(a, "v_row", live.v_row.size(), who, s.state.v_row);
-      read_array(a, "v_col", live.v_col.size(), who, s.state.v_col);
-    }
-
-    // Everything checked; import_state checks again and changes nothing on error.
-    core_->import_state(std::move(next));
-    for (Tier t : all_tiers) group_options(t) = hyper[t];
+    for (Tier tier : all_tiers) group_options(tier) = GroupOptions(tier, core_->hyperparameters(tier));
     refresh_views();
   }
 
@@ -596,15 +509,6 @@ class Optimizer : public ::torch::optim::Optimizer {
   }
 
   static std::size_t group_index(Tier t) { return static_cast<std::size_t>(tier_index(checked_tier(t))); }
-
-  static std::string layouts() {
-    return detail::layout_signature(Tiers::layout(Tier::backbone), Tiers::layout(Tier::experts),
-                                    Tiers::layout(Tier::router));
-  }
-
-  static std::string tier_label(std::int64_t t) {
-    return t >= 0 && t < tier_count ? std::string(tier_name(static_cast<Tier>(t))) : "#" + std::to_string(t);
-  }
 
   std::size_t index_of(const std::string& name) const {
     auto it = by_name_.find(name);
@@ -668,30 +572,6 @@ class Optimizer : public ::torch::optim::Optimizer {
     if (!a.try_read(key, v) || !v.isInt()) throw std::invalid_argument("archive: integer '" + key + "' is missing");
     return v.toInt();
   }
-  static std::string read_string(::torch::serialize::InputArchive& a, const std::string& key) {
-    c10::IValue v;
-    if (!a.try_read(key, v) || !v.isString()) throw std::invalid_argument("archive: text '" + key + "' is missing");
-    return v.toStringRef();
-  }
-  /// Reads an fp32 array of `size` elements (absent when size is 0).
-  static void read_array(::torch::serialize::InputArchive& a, const std::string& key, std::size_t size,
-                         const std::string& who, std::vector<float>& out) {
-    at::Tensor t;
-    const bool present = a.try_read(key, t, true);
-    if (size == 0) {
-      if (present)
-        throw std::invalid_argument(who + ": has state '" + key + "', which this optimizer's rule does not keep");
-      return;
-    }
-    if (!present) throw std::invalid_argument(who + ": state '" + key + "' is missing");
-    if (t.scalar_type() != at::kFloat || static_cast<std::size_t>(t.numel()) != size)
-      throw std::invalid_argument(who + ": state '" + key + "' has " + std::to_string(t.numel()) + " elements of " +
-                                  std::string(c10::toString(t.scalar_type())) + ", expected " + std::to_string(size) +
-                                  " of Float");
-    const at::Tensor c = t.contiguous();
-    out.assign(c.data_ptr<float>(), c.data_ptr<float>() + size);
-  }
-
   TierAssigner rules_;
   double max_grad_norm_ = 0.0;
   std::vector<Param> params_;
