@@ -29,18 +29,22 @@ inline float gradient_limit(const MatrixGeometry& g, bool factored) noexcept {
   return static_cast<float>(std::sqrt(static_cast<double>(FLT_MAX) / (2.0 * static_cast<double>(n))));
 }
 
-/// Written on bits and plain floats so that the compiler vectorizes the scan.
+/// |x| by its bits (NaN stays NaN).
+SKEWADAM_HD SKEWADAM_ALWAYS_INLINE float abs_bits(float x) noexcept { return bits_float(float_bits(x) & 0x7fffffffu); }
+
+/// Written on bits and plain floats so that the compiler vectorizes the scan;
+/// the CUDA backend's scan (cuda/check_kernels.cuh) calls it too.
 template <class G>
-SKEWADAM_ALWAYS_INLINE bool offends(G g, float scale, float limit) noexcept {
+SKEWADAM_HD SKEWADAM_ALWAYS_INLINE bool offends(G g, float scale, float limit) noexcept {
   if constexpr (std::is_same_v<G, f16>) {
     (void)scale;
     (void)limit;  // every finite fp16 value is far below any limit
     return (bits_of(g) & 0x7c00u) == 0x7c00u;
   } else if constexpr (std::is_same_v<G, bf16>) {
     const float x = bits_float(static_cast<std::uint32_t>(bits_of(g)) << 16);  // exact widening
-    return !(std::fabs(x * scale) <= limit);
+    return !(abs_bits(x * scale) <= limit);
   } else {
-    return !(std::fabs(g * scale) <= limit);
+    return !(abs_bits(g * scale) <= limit);
   }
 }
 

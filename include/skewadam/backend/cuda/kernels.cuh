@@ -52,8 +52,9 @@
 // (random.hpp), one call per 4 consecutive elements, as the CPU does.
 //
 // Apart from nvcc, this header compiles with the host shim of
-// tests/emulation/cuda_emulation.hpp, which runs the kernels on host threads
-// (tests/emulation/test_cuda_kernels_emulated.cpp).
+// tools/common/skewadam_tools/cuda_emulation.hpp, which runs the kernels on
+// the host (the emulated runtime of the tests and skewadam-replay
+// --backend cuda-emulated).
 
 #if defined(__CUDACC__)
 #include <cuda_runtime.h>
@@ -100,11 +101,14 @@ inline constexpr index_t column_block = 32;
 /// up to sum_block * block_threads = 32768 columns are one block.
 inline constexpr index_t sum_block = 64;
 
-/// Per-step values of one tensor, written on the device by prepare_kernel.
+/// Per-step values of one tensor (from the host, every step). `skip` is set
+/// on the device (check_kernels.cuh) when a gradient of the step offends:
+/// every kernel of the step then leaves the tensor as it is.
 struct TaskStep {
   StepScalars s{};
   RoundingKey key{};
   ClipScope scope = ClipScope::tensor;
+  int skip = 0;
 };
 
 /// One tensor as the kernels see it: pointers into device memory.
@@ -168,11 +172,6 @@ inline index_t chunks_of(const MatrixGeometry& g) {
   return n < 1 ? 1 : n;
 }
 
-/// Hyperparameters of the three tiers, passed by value to prepare_kernel.
-struct TierHyper {
-  Hyperparameters h[3];
-};
-
 namespace detail {
 
 /// Sums x[k] over the block, in a fixed order; every thread gets the totals.
@@ -226,27 +225,6 @@ __device__ SKEWADAM_ALWAYS_INLINE bool aligned_to(const void* p, std::size_t n) 
 }
 
 }  // namespace detail
-
-/// Forms every tensor's step scalars and rounding key on the device and
-/// advances its step count, for tensors with a gradient. `lr_device`, when
-/// not null, holds the three tiers' lr (so that a captured step reads it).
-/// (A template only so that the header can be included by several
-/// translation units.)
-template <int = 0>
-__global__ void prepare_kernel(const DeviceTask* tasks, TaskStep* steps, std::int64_t* counts, int n,
-                               TierHyper hyper, const double* lr_device, std::uint64_t seed, double grad_scale) {
-  const int k = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (k >= n) return;
-  const DeviceTask& t = tasks[k];
-  if (t.grad == nullptr) return;
-  const std::int64_t step = counts[k] + 1;
-  counts[k] = step;
-  Hyperparameters h = hyper.h[t.tier];
-  if (lr_device != nullptr) h.lr = lr_device[t.tier];
-  steps[k].s = make_step_scalars(h, step, grad_scale);
-  steps[k].key = RoundingKey{seed, t.id, static_cast<std::uint64_t>(step)};
-  steps[k].scope = h.clip_scope;
-}
 
 template <class Rule, class P, class G>
 struct Math {
@@ -756,15 +734,16 @@ struct Math {
 };
 
 // ------------------------------------------------------------------ kernels
-// One block per work item; blocks of tensors without a gradient return at
-// once (the whole block, before any barrier).
+// One block per work item; blocks of tensors without a gradient, or of a step
+// whose gradients offend (TaskStep::skip), return at once (the whole block,
+// before any barrier).
 
 template <class Rule, class P, class G>
 __global__ void __launch_bounds__(block_threads)
     statistics_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkItem* items) {
   using X = Math<Rule, P, G>;
   const WorkItem it = items[blockIdx.x];
-  if (tasks[it.task].grad == nullptr) return;
+  if (tasks[it.task].grad == nullptr || steps[it.task].skip) return;
   const DeviceTask t = tasks[it.task];  // a copy: stores through float* cannot alias it
   const TaskStep st = steps[it.task];
   if constexpr (X::S::factored) X::factored_statistics(t, st.s, it);
@@ -776,7 +755,7 @@ __global__ void __launch_bounds__(block_threads)
     columns_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkItem* items) {
   using X = Math<Rule, P, G>;
   const WorkItem it = items[blockIdx.x];
-  if (tasks[it.task].grad == nullptr) return;
+  if (tasks[it.task].grad == nullptr || steps[it.task].skip) return;
   const DeviceTask t = tasks[it.task];  // a copy: stores through float* cannot alias it
   const TaskStep st = steps[it.task];
   X::factored_columns(t, st, it);
@@ -790,7 +769,7 @@ __global__ void finalize_kernel(const DeviceTask* tasks, const TaskStep* steps, 
   if (k >= n) return;
   const std::int32_t task = group_tasks[k];
   const DeviceTask& t = tasks[task];
-  if (t.grad == nullptr) return;
+  if (t.grad == nullptr || steps[task].skip) return;
   X::finalize(t, steps[task]);
 }
 
@@ -799,7 +778,7 @@ __global__ void __launch_bounds__(apply_threads, apply_min_blocks)
     apply_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkItem* items) {
   using X = Math<Rule, P, G>;
   const WorkItem it = items[blockIdx.x];
-  if (tasks[it.task].grad == nullptr) return;
+  if (tasks[it.task].grad == nullptr || steps[it.task].skip) return;
   const DeviceTask t = tasks[it.task];  // a copy: stores through float* cannot alias it
   const TaskStep st = steps[it.task];
   if constexpr (X::S::factored) X::factored_apply(t, st, it);

@@ -1,7 +1,13 @@
 #pragma once
-// skewadam::cuda::Optimizer<Tiers>: the optimizer on an NVIDIA GPU. Parameters,
-// gradients and the optimizer state live in device memory; the rules (tiers)
-// and their per-element math are the CPU backend's, selected at compile time.
+// skewadam::cuda::Optimizer<Tiers>: a standalone driver of the CUDA kernels,
+// whose steps can be captured in a CUDA graph. The optimizer front-end over
+// the CUDA backend (skewadam/cuda.cuh) has everything else (non-finite
+// checks, clipping, fp32 gradients for 16-bit parameters, checkpoints); this
+// driver remains until the front-end forms its step scalars on the device.
+//
+// Parameters, gradients and the optimizer state live in device memory; the
+// rules (tiers) and their per-element math are the CPU backend's, selected at
+// compile time.
 //
 //   skewadam::cuda::Optimizer<> opt(skewadam::Hyperparameters{.lr = 3e-4, .weight_decay = 0.05},
 //                                   {.stream = stream});
@@ -67,6 +73,33 @@
 #include "kernels.cuh"
 
 namespace skewadam::backend::cuda {
+
+/// Hyperparameters of the three tiers, passed by value to prepare_kernel.
+struct TierHyper {
+  Hyperparameters h[3];
+};
+
+/// Forms every tensor's step scalars and rounding key on the device and
+/// advances its step count, for tensors with a gradient. `lr_device`, when
+/// not null, holds the three tiers' lr (so that a captured step reads it).
+/// This driver never skips a step (TaskStep::skip stays 0). (A template only
+/// so that the header can be included by several translation units.)
+template <int = 0>
+__global__ void prepare_kernel(const DeviceTask* tasks, TaskStep* steps, std::int64_t* counts, int n,
+                               TierHyper hyper, const double* lr_device, std::uint64_t seed, double grad_scale) {
+  const int k = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (k >= n) return;
+  const DeviceTask& t = tasks[k];
+  if (t.grad == nullptr) return;
+  const std::int64_t step = counts[k] + 1;
+  counts[k] = step;
+  Hyperparameters h = hyper.h[t.tier];
+  if (lr_device != nullptr) h.lr = lr_device[t.tier];
+  steps[k].s = make_step_scalars(h, step, grad_scale);
+  steps[k].key = RoundingKey{seed, t.id, static_cast<std::uint64_t>(step)};
+  steps[k].scope = h.clip_scope;
+  steps[k].skip = 0;
+}
 
 /// The device arrays of one group's work lists.
 struct GroupArrays {
