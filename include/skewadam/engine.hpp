@@ -9,6 +9,9 @@
 // state_bytes. The engine, Placement::engine<Tiers, Backend>, holds the state
 // on the backend's memory and runs the passes of a step over it:
 //
+//   check_memory(name, p, g) throws std::invalid_argument (naming the
+//                           parameter) unless p and g are in memory the
+//                           backend can reach (the CUDA backend: device memory).
 //   add(spec)               allocate the state (and scratch) of one more tensor;
 //                           strong guarantee. pop_back() undoes the last add.
 //   step(items, policy)     one step of the listed tensors, each with its
@@ -30,12 +33,19 @@
 //                           holds more than one complete tensor; commit()
 //                           swaps the staged state in, noexcept.
 //   state_bytes(i)          optimizer-state bytes this process holds of tensor i.
+//   host_memory             whether parameters and state are in host memory;
+//                           when not, read_memory(dst, src, n) and
+//                           write_memory(dst, src, n) copy parameter bytes to
+//                           and from the host (checkpoints' parameter values),
+//                           and host_arrays(i) is a host copy of tensor i's
+//                           state (else a view of it).
 //   set_threads(n), threads()
 //
 // A placement decides what of each tensor a process holds and adds the
 // exchanges between the passes (placement/local.hpp: everything, no exchange;
 // placement/sharded.hpp: row slices and whole experts, all-gathers); a backend
-// holds the loops, threads and memory (backend/cpu/cpu_backend.hpp).
+// holds the loops, threads and memory (backend/cpu/cpu_backend.hpp;
+// backend/cuda/cuda_backend.hpp, whose local engine is placement/local_cuda.hpp).
 
 #include <concepts>
 #include <cstddef>
@@ -43,6 +53,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "config.hpp"
@@ -87,7 +98,9 @@ struct Offender {
 template <class E>
 concept OptimizerEngine = requires(E& e, const E& ce, const TensorRegistration& spec, std::span<const StepItem> items,
                                    NonFinitePolicy policy, std::size_t i, const ParamState& s,
-                                   const std::string& who, ParamState&& full, typename E::staged_type& staged) {
+                                   const std::string& who, ParamState&& full, typename E::staged_type& staged,
+                                   const ParamView& p, const GradView& g) {
+  ce.check_memory(std::string_view(who), p, g);
   e.add(spec);
   { e.pop_back() } noexcept;
   { e.step(items, policy) } -> std::same_as<std::optional<Offender>>;
@@ -98,8 +111,18 @@ concept OptimizerEngine = requires(E& e, const E& ce, const TensorRegistration& 
   ce.stage(staged, i, std::move(full));
   { e.commit(std::move(staged)) } noexcept;
   { ce.state_bytes(i) } -> std::same_as<index_t>;
+  { E::host_memory } -> std::convertible_to<bool>;
   e.set_threads(1);
   { ce.threads() } -> std::same_as<int>;
 };
+
+/// The memory copies of an engine whose memory is not the host's.
+template <class E>
+concept DeviceMemoryEngine = OptimizerEngine<E> && !E::host_memory &&
+                             requires(E& e, const E& ce, void* p, const void* cp, std::size_t n, std::size_t i) {
+                               ce.read_memory(p, cp, n);
+                               e.write_memory(p, cp, n);
+                               { ce.host_arrays(i) } -> std::same_as<ParamState>;
+                             };
 
 }  // namespace skewadam

@@ -22,7 +22,9 @@
 //
 // Where the state lives and how a step runs is the engine's business
 // (engine.hpp): Placement::engine<Tiers, Backend>. The default placement,
-// Local (placement/local.hpp), holds everything in this process;
+// Local (placement/local.hpp), holds everything in this process, on the CPU
+// backend or, with skewadam/cuda.cuh, in GPU memory (cuda::Backend,
+// placement/local_cuda.hpp);
 // dist::Sharded<Comm> (placement/sharded.hpp, dist/sharded_optimizer.hpp)
 // shards the state over the ranks of a communicator. Members that only make
 // sense for one placement exist only for it (state() for Local; rank(),
@@ -48,6 +50,7 @@
 #include "engine.hpp"
 #include "hyperparameters.hpp"
 #include "nonfinite.hpp"
+#include "optimizer_options.hpp"
 #include "optimizer_state.hpp"
 #include "param_state.hpp"
 #include "placement/local.hpp"
@@ -60,12 +63,6 @@
 #include "tier_settings.hpp"
 
 namespace skewadam {
-
-struct OptimizerOptions {
-  std::uint64_t seed = 0x5eed5eedULL;  ///< stochastic-rounding seed
-  int threads = 0;                      ///< 0: the hardware's thread count
-  NonFinitePolicy nonfinite = NonFinitePolicy::skip_step;  ///< see nonfinite.hpp
-};
 
 template <class Tiers = SkewAdamTiers, class Backend = backend::DefaultBackend, class Placement = Local>
 class Optimizer : public TierSettings {
@@ -85,7 +82,7 @@ class Optimizer : public TierSettings {
   explicit Optimizer(const Hyperparameters& all, OptimizerOptions options = {}) requires(!sharded)
       : Optimizer(PerTier<Hyperparameters>{all, all, all}, options) {}
   explicit Optimizer(const PerTier<Hyperparameters>& per_tier, OptimizerOptions options = {}) requires(!sharded)
-      : TierSettings(per_tier), engine_(options.threads), seed_(options.seed),
+      : TierSettings(per_tier), engine_(options), seed_(options.seed),
         nonfinite_(detail::checked_policy(options.nonfinite)) {}
 
   /// A sharded optimizer over the ranks of `comm` (which must outlive it).
@@ -108,6 +105,7 @@ class Optimizer : public TierSettings {
     checked_tier(tier, "tier of '" + std::string(name) + "'");
     detail::check_param(name, param);
     detail::check_grad(name, param, grad);
+    engine_.check_memory(name, param, grad);
     check_disjoint(name, param, grad);
 
     const ParamId id{static_cast<index_t>(entries_.size())};
@@ -140,6 +138,7 @@ class Optimizer : public TierSettings {
   void set_grad(ParamId id, GradView grad) {
     Entry& e = entry(id);
     detail::check_grad(e.name, e.param, grad);
+    engine_.check_memory(e.name, e.param, grad);
     check_grad_disjoint(e.name, grad);
     e.grad = grad;
   }
@@ -270,7 +269,10 @@ class Optimizer : public TierSettings {
 
   // --------------------------------------------------------------- threads
   /// Threads per step (per rank, sharded); 0 selects the hardware's count.
-  void set_threads(int n) { engine_.set_threads(n); }
+  void set_threads(int n) {
+    if (n < 0) throw std::invalid_argument("threads = " + std::to_string(n) + ": must be >= 0 (0: hardware)");
+    engine_.set_threads(n);
+  }
   int threads() const noexcept { return engine_.threads(); }
 
   // ---------------------------------------------------- non-finite gradients

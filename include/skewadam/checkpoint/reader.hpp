@@ -10,6 +10,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../optimizer.hpp"
@@ -296,11 +297,16 @@ void load(Optimizer<Tiers, Backend, Placement>& opt, Source& src, const LoadOpti
     throw CheckpointError(CheckpointError::Kind::mismatch, msg);
   }
   take([&] { opt.finish_import(std::move(import), hyper, info.seed, info.steps); });
-  // cannot fail: sizes were checked against the registered parameters
+  // sizes were checked against the registered parameters: a host copy cannot
+  // fail (a device copy fails only with the device)
   if (load_values)
     for (std::size_t i = 0; i < n; ++i) {
       const ParamView& pv = opt.param(ParamId{static_cast<index_t>(i)});
-      if (!values[i].empty()) std::memcpy(pv.data, values[i].data(), values[i].size());
+      if (values[i].empty()) continue;
+      if constexpr (std::remove_cvref_t<decltype(opt)>::engine_type::host_memory)
+        std::memcpy(pv.data, values[i].data(), values[i].size());
+      else
+        opt.engine().write_memory(pv.data, values[i].data(), values[i].size());
     }
 }
 

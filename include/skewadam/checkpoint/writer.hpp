@@ -184,7 +184,13 @@ void save_with(const Optimizer<Tiers, Backend, Placement>& opt, Sink& sink, cons
       const auto count = static_cast<std::size_t>(pv.numel());
       const auto elem = static_cast<std::size_t>(dtype_size(pv.dtype));
       w.begin(tag_data, count * elem);
-      w.elements(pv.data, count, elem);
+      if constexpr (Optimizer<Tiers, Backend, Placement>::engine_type::host_memory) {
+        w.elements(pv.data, count, elem);
+      } else {
+        std::vector<unsigned char> host(count * elem);
+        opt.engine().read_memory(host.data(), pv.data, host.size());
+        w.elements(host.data(), count, elem);
+      }
       w.end();
     }
   }
@@ -196,7 +202,10 @@ void save_with(const Optimizer<Tiers, Backend, Placement>& opt, Sink& sink, cons
 /// Saves an optimizer of the local placement (its state is in this process).
 template <class Tiers, class Backend, class Sink>
 void save(const Optimizer<Tiers, Backend, Local>& opt, Sink& sink, const SaveOptions& options) {
-  save_with(opt, sink, options, [&](ParamId id) { return opt.state(id); });
+  save_with(opt, sink, options, [&](ParamId id) {
+    if constexpr (Optimizer<Tiers, Backend, Local>::engine_type::host_memory) return opt.state(id);
+    else return opt.engine().host_arrays(static_cast<std::size_t>(id.index));
+  });
 }
 
 }  // namespace skewadam::detail::ckpt

@@ -15,6 +15,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "../dtype.hpp"
 #include "../engine.hpp"
 #include "../nonfinite.hpp"
+#include "../optimizer_options.hpp"
 #include "../param_state.hpp"
 #include "../rule_dispatch.hpp"
 #include "../state_layout.hpp"
@@ -34,7 +36,8 @@ namespace skewadam {
 template <class Tiers, class Backend>
 class LocalEngine {
   static_assert(sizeof(Backend) == 0,
-                "skewadam::Local: no engine for this backend (backend::CpuBackend<Arch> has one)");
+                "skewadam::Local: no engine for this backend (backend::CpuBackend<Arch> has one; "
+                "backend::CudaBackend<R> has one in placement/local_cuda.hpp)");
 };
 
 /// Everything in this process (the default placement).
@@ -52,7 +55,11 @@ class LocalEngine<Tiers, backend::CpuBackend<Arch>> {
   using backend_type = backend::CpuBackend<Arch>;
   using staged_type = std::vector<ParamState>;
 
-  explicit LocalEngine(int threads) { backend_.set_threads(threads); }
+  explicit LocalEngine(const OptimizerOptions& options) { backend_.set_threads(options.threads); }
+
+  /// Host memory: every address is the backend's.
+  static constexpr bool host_memory = true;
+  void check_memory(std::string_view, const ParamView&, const GradView&) const noexcept {}
 
   void set_threads(int n) { backend_.set_threads(n); }
   int threads() const noexcept { return backend_.threads(); }

@@ -43,6 +43,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -101,6 +102,11 @@ class ShardedEngine<Tiers, backend::CpuBackend<Arch>, Comm> {
                                   " is not a valid position in a group");
     set_threads(threads);
   }
+
+  /// Host memory: every address is the backend's.
+  static constexpr bool host_memory = true;
+  void check_memory(std::string_view, const ParamView&, const GradView&) const noexcept {}
+
 
   Comm& comm() const noexcept { return *comm_; }
   int rank() const noexcept { return comm_->rank(); }

@@ -1,0 +1,20 @@
+#pragma once
+// OptimizerOptions: what an optimizer is built with besides its
+// hyperparameters; the engine under it (engine.hpp) takes its own part.
+
+#include <cstdint>
+
+#include "nonfinite.hpp"
+
+namespace skewadam {
+
+struct OptimizerOptions {
+  std::uint64_t seed = 0x5eed5eedULL;  ///< stochastic-rounding seed
+  int threads = 0;                      ///< CPU backend: threads per step (0: the hardware's count)
+  NonFinitePolicy nonfinite = NonFinitePolicy::skip_step;  ///< see nonfinite.hpp
+  /// CUDA backend: the cudaStream_t steps are ordered on (null: the default
+  /// stream). Ignored by the CPU backend.
+  void* stream = nullptr;
+};
+
+}  // namespace skewadam
