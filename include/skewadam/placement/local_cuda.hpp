@@ -1,0 +1,550 @@
+#pragma once
+// The local placement's engine over the CUDA backend: every tensor's state,
+// its scratch and the step's tables live in the runtime's (device) memory;
+// a step is a handful of kernel launches per group of tensors sharing a rule
+// and dtypes, enqueued on the optimizer's stream.
+//
+//   upload     the step's per-tensor values (TaskStep: scalars, rounding
+//              key; a few dozen bytes per tensor) and, when a gradient
+//              pointer changed, the tensor table; both from pageable memory,
+//              in stream order
+//   check      (unless NonFinitePolicy::unchecked) scan_kernel and
+//              decide_kernel (check_kernels.cuh): an offending gradient sets
+//              every tensor's skip flag on the device
+//   groups     statistics, columns or finalize, apply (kernels.cuh), one
+//              launch each per group covering all of its tensors
+//
+// Registration allocates and synchronizes; unchecked steps never wait for the
+// device. A checked step reads the device's decision (a few bytes) before it
+// returns, so that the front-end can report it and count steps.
+//
+// Work lists are cut by shape only, when a tensor is registered; a tensor
+// changes group only when its gradient's dtype changes (fp32 or the
+// parameter's own), which rebuilds the lists once.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "../backend/cuda/check_kernels.cuh"
+#include "../backend/cuda/cuda_backend.hpp"
+#include "../backend/cuda/kernels.cuh"
+#include "../backend/gradient_check.hpp"
+#include "../config.hpp"
+#include "../dtype.hpp"
+#include "../engine.hpp"
+#include "../nonfinite.hpp"
+#include "../optimizer_options.hpp"
+#include "../param_state.hpp"
+#include "../rule_dispatch.hpp"
+#include "../state_layout.hpp"
+#include "local.hpp"
+
+namespace skewadam {
+
+template <class Tiers, class R>
+class LocalEngine<Tiers, backend::CudaBackend<R>> {
+  using Stream = typename R::stream_type;
+  template <class T>
+  using Array = backend::cuda::DeviceArray<R, T>;
+  using WorkItem = backend::cuda::WorkItem;
+  using DeviceTask = backend::cuda::DeviceTask;
+  using TaskStep = backend::cuda::TaskStep;
+
+  /// A tensor's state arrays in device memory.
+  struct DeviceState {
+    Array<float> m, v, v_row, v_col;
+  };
+
+ public:
+  using backend_type = backend::CudaBackend<R>;
+  using runtime = R;
+  using staged_type = std::vector<std::optional<DeviceState>>;
+
+  explicit LocalEngine(const OptimizerOptions& options) : stream_(static_cast<Stream>(options.stream)) {}
+  LocalEngine(const LocalEngine&) = delete;
+  LocalEngine& operator=(const LocalEngine&) = delete;
+  ~LocalEngine() {
+    if (!tensors_.empty()) {
+      try {
+        R::synchronize(stream_);
+      } catch (...) {  // a destructor reports nothing; the memory is freed regardless
+      }
+    }
+  }
+
+  // -------------------------------------------------------------- stream
+  /// From now on steps are ordered on s; waits for the steps enqueued so far.
+  void set_stream(Stream s) {
+    R::synchronize(stream_);
+    stream_ = s;
+  }
+  Stream stream() const noexcept { return stream_; }
+  /// Waits until every enqueued step has finished.
+  void synchronize() const { R::synchronize(stream_); }
+
+  void set_threads(int) noexcept {}
+  int threads() const noexcept { return 1; }
+
+  static constexpr bool host_memory = false;
+  /// Bytes from device memory to the host, and back (in stream order; both
+  /// wait for the stream).
+  void read_memory(void* host, const void* device, std::size_t n) const {
+    if (n > 0) R::to_host(host, device, n, stream_);
+  }
+  void write_memory(void* device, const void* host, std::size_t n) {
+    if (n == 0) return;
+    R::to_device(device, host, n, stream_);
+    R::synchronize(stream_);
+  }
+  ParamState host_arrays(std::size_t i) const { return export_arrays(i); }
+
+  void check_memory(std::string_view name, const ParamView& p, const GradView& g) const {
+    if (p.numel() > 0) R::check_device_memory(p.data, "param of '" + std::string(name) + "'");
+    if (g.present() && g.numel() > 0) R::check_device_memory(g.data, "grad of '" + std::string(name) + "'");
+  }
+
+  // ---------------------------------------------------------- allocation
+  void add(const TensorRegistration& spec) {
+    const ParamView& param = spec.param;
+    Tensor e;
+    e.tier = spec.tier;
+    e.pdtype = param.dtype;
+    e.rank1 = param.shape.rank() < 2;
+    e.geom = param.shape.matrices();
+    e.numel = param.numel();
+    e.factored = factors(spec.layout, param.shape);
+    e.limit = backend::gradient_limit(e.geom, e.factored);
+    e.ops = pick(e.tier, e.pdtype, e.pdtype, e.rank1);
+
+    DeviceTask& d = e.task;
+    d.param = param.data;
+    d.geom = e.geom;
+    if (e.numel > 0) {
+      const auto n = static_cast<std::size_t>(e.numel);
+      const auto B = static_cast<std::size_t>(e.geom.batch);
+      const auto r = static_cast<std::size_t>(e.geom.rows);
+      const auto c = static_cast<std::size_t>(e.geom.cols);
+      if (spec.layout.momentum) d.m = zeroed(e.state.m, n);
+      if (e.factored) {
+        d.row_blocks = backend::cuda::row_blocks_of(e.geom);
+        const auto nb = static_cast<std::size_t>(d.row_blocks);
+        d.v_row = zeroed(e.state.v_row, B * r);
+        d.v_col = zeroed(e.state.v_col, B * c);
+        e.scratch_f = Array<float>(B * nb * c * 2 + B * c + 2 * B);
+        d.col_partial = e.scratch_f.data();
+        d.d_partial = d.col_partial + B * nb * c;
+        d.inv_col = d.d_partial + B * nb * c;
+        d.vbar = d.inv_col + B * c;
+        d.divisor = d.vbar + B;
+        e.scratch_d = Array<double>(2 * B * c + B);
+        d.col_term = e.scratch_d.data();
+        d.matrix_sum = d.col_term + 2 * B * c;
+        d.done = zeroed(e.done, B + 1);
+      } else {
+        d.chunks = backend::cuda::chunks_of(e.geom);
+        d.v = zeroed(e.state.v, n);
+        e.scratch_f = Array<float>(2 * B);
+        d.divisor = e.scratch_f.data();
+        e.scratch_d = Array<double>(B * static_cast<std::size_t>(d.chunks) + B);
+        d.chunk_sum = e.scratch_d.data();
+        d.matrix_sum = d.chunk_sum + B * static_cast<std::size_t>(d.chunks);
+      }
+    }
+    tensors_.push_back(std::move(e));
+    try {
+      Tables next = build_tables();
+      R::synchronize(stream_);  // the zeroing and the tables' uploads
+      undo_ = std::move(tables_);
+      tables_ = std::move(next);
+    } catch (...) {
+      tensors_.pop_back();
+      throw;
+    }
+  }
+  void pop_back() noexcept {
+    tensors_.pop_back();
+    tables_ = std::move(undo_);
+  }
+
+  // ---------------------------------------------------------------- state
+  /// Tensor i's state arrays, viewed in device memory.
+  ParamStateView view(std::size_t i) const {
+    const DeviceState& s = tensors_[i].state;
+    return {span_of(s.m), span_of(s.v), span_of(s.v_row), span_of(s.v_col), 0};
+  }
+  ParamState export_arrays(std::size_t i) const {
+    const DeviceState& d = tensors_[i].state;
+    ParamState s;
+    download(d.m, s.m);
+    download(d.v, s.v);
+    download(d.v_row, s.v_row);
+    download(d.v_col, s.v_col);
+    return s;
+  }
+  void check_arrays(std::size_t i, const ParamState& got, const std::string& who) const {
+    const DeviceState& have = tensors_[i].state;
+    same_size(have.m.size(), got.m.size(), who, "m");
+    same_size(have.v.size(), got.v.size(), who, "v");
+    same_size(have.v_row.size(), got.v_row.size(), who, "v_row");
+    same_size(have.v_col.size(), got.v_col.size(), who, "v_col");
+  }
+  staged_type stage_begin() const { return staged_type(tensors_.size()); }
+  void stage(staged_type& staged, std::size_t i, ParamState&& full) const {
+    DeviceState d;
+    upload(d.m, full.m);
+    upload(d.v, full.v);
+    upload(d.v_row, full.v_row);
+    upload(d.v_col, full.v_col);
+    staged[i] = std::move(d);
+  }
+  /// Swaps the staged arrays in (the old ones are freed with `staged`).
+  void commit(staged_type&& staged) noexcept {
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      if (!staged[i]) continue;
+      Tensor& e = tensors_[i];
+      std::swap(e.state, *staged[i]);
+      for (DeviceTask* d : {&e.task, &tables_.tasks[i]}) {
+        d->m = e.state.m.data();
+        d->v = e.state.v.data();
+        d->v_row = e.state.v_row.data();
+        d->v_col = e.state.v_col.data();
+      }
+    }
+    tables_.tasks_dirty = true;
+  }
+  index_t state_bytes(std::size_t i) const noexcept {
+    const DeviceState& s = tensors_[i].state;
+    return static_cast<index_t>(s.m.bytes() + s.v.bytes() + s.v_row.bytes() + s.v_col.bytes());
+  }
+
+  // ---------------------------------------------------------------- step
+  double grad_sum_squares(std::span<const StepItem> items) const {
+    if (tables_.check_items.empty()) return 0.0;
+    upload_grad_tasks(items, false);
+    const Tables& t = tables_;
+    R::template launch<&backend::cuda::squares_kernel<>>(grid(t.check_items.size()), backend::cuda::block_threads,
+                                                          stream_, t.grad_tasks.data(), t.check_items.data(),
+                                                          t.partial.data());
+    R::template launch<&backend::cuda::total_kernel<>>(1u, backend::cuda::block_threads, stream_, t.partial.data(),
+                                                        static_cast<index_t>(t.partial.size()), t.total.data());
+    double sum = 0;
+    R::to_host(&sum, t.total.data(), sizeof sum, stream_);
+    return sum;
+  }
+
+  std::optional<Offender> step(std::span<const StepItem> items, NonFinitePolicy policy) {
+    regroup(items);
+    Tables& t = tables_;
+    grads_.assign(tensors_.size(), nullptr);
+    for (const StepItem& it : items) {
+      const auto i = static_cast<std::size_t>(it.index);
+      if (tensors_[i].numel == 0) continue;
+      grads_[i] = it.grad.data;
+      t.steps[i] = TaskStep{it.scalars, it.key, it.scope, 0};
+    }
+    for (std::size_t i = 0; i < tensors_.size(); ++i)
+      if (t.tasks[i].grad != grads_[i]) {
+        t.tasks[i].grad = grads_[i];
+        t.tasks_dirty = true;
+      }
+    if (t.tasks_dirty) {
+      R::to_device(t.d_tasks.data(), t.tasks.data(), t.tasks.size() * sizeof(DeviceTask), stream_);
+      t.tasks_dirty = false;
+    }
+    R::to_device(t.d_steps.data(), t.steps.data(), t.steps.size() * sizeof(TaskStep), stream_);
+
+    const bool checked = policy != NonFinitePolicy::unchecked && !t.check_items.empty();
+    if (checked) {
+      upload_grad_tasks(items, true);
+      R::template launch<&backend::cuda::scan_kernel<>>(grid(t.check_items.size()), backend::cuda::block_threads,
+                                                         stream_, t.grad_tasks.data(), t.check_items.data(),
+                                                         t.first.data(), t.value.data());
+      R::template launch<&backend::cuda::decide_kernel<>>(
+          1u, backend::cuda::block_threads, stream_, static_cast<const index_t*>(t.first.data()),
+          static_cast<const float*>(t.value.data()), static_cast<index_t>(t.first.size()),
+          static_cast<const WorkItem*>(t.check_items.data()), t.d_steps.data(), static_cast<int>(t.tasks.size()),
+          t.outcome.data());
+    }
+    for (const Group& g : t.groups) g.ops->launch(g.arrays, t.d_tasks.data(), t.d_steps.data(), stream_);
+    if (!checked) return std::nullopt;
+
+    backend::cuda::CheckOutcome out;
+    R::to_host(&out, t.outcome.data(), sizeof out, stream_);
+    if (!out.bad) return std::nullopt;
+    return Offender{out.task, out.element, out.value};
+  }
+
+ private:
+  /// The work lists of one group, in device memory.
+  struct GroupArrays {
+    const WorkItem* units = nullptr;    ///< row blocks (factored) or chunks
+    std::int32_t n_units = 0;
+    const WorkItem* columns = nullptr;  ///< column blocks (factored)
+    std::int32_t n_columns = 0;
+    const WorkItem* applies = nullptr;  ///< update blocks (factored: rows; element-wise: the chunks)
+    std::int32_t n_applies = 0;
+    const std::int32_t* tasks = nullptr;
+    std::int32_t n_tasks = 0;
+  };
+
+  /// The launches of one (rule, parameter dtype, gradient dtype).
+  struct GroupOps {
+    bool factored = false;
+    void (*launch)(const GroupArrays&, const DeviceTask*, const TaskStep*, Stream) = nullptr;
+  };
+
+  struct Group {
+    const GroupOps* ops = nullptr;
+    Array<WorkItem> items;
+    Array<std::int32_t> tasks;
+    GroupArrays arrays;
+  };
+
+  struct Tensor {
+    Tier tier = Tier::backbone;
+    Dtype pdtype = Dtype::f32;
+    bool rank1 = false;
+    bool factored = false;
+    MatrixGeometry geom{};
+    index_t numel = 0;
+    float limit = 0;
+    const GroupOps* ops = nullptr;  ///< of the gradient dtype it was last stepped with
+    DeviceTask task{};              ///< its pointers (the gradient's is the step's: Tables::tasks)
+    DeviceState state;
+    Array<float> scratch_f;
+    Array<double> scratch_d;
+    Array<unsigned> done;
+  };
+
+  /// Everything a step reads besides the tensors' own arrays.
+  struct Tables {
+    std::vector<DeviceTask> tasks;  ///< what d_tasks holds, or will once uploaded (tasks_dirty)
+    Array<DeviceTask> d_tasks;
+    bool tasks_dirty = false;
+    std::vector<TaskStep> steps;    ///< host side of d_steps
+    Array<TaskStep> d_steps;
+    std::vector<Group> groups;
+    Array<WorkItem> check_items;    ///< one per chunk of every tensor; item.block is its slot
+    mutable std::vector<backend::cuda::GradTask> host_grad_tasks;
+    Array<backend::cuda::GradTask> grad_tasks;
+    Array<index_t> first;
+    Array<float> value;
+    Array<double> partial;
+    Array<double> total;
+    Array<backend::cuda::CheckOutcome> outcome;
+  };
+
+  template <class Rule, class P, class G>
+  static void launch_group(const GroupArrays& g, const DeviceTask* tasks, const TaskStep* steps, Stream s) {
+    namespace cu = backend::cuda;
+    using S = typename Rule::second_moment;
+    using C = typename Rule::clip;
+    if (g.n_units == 0) return;
+    const auto n = [](std::int32_t k) { return static_cast<unsigned>(k); };
+    R::template launch<&cu::statistics_kernel<Rule, P, G>>(n(g.n_units), cu::block_threads, s, tasks, steps,
+                                                            g.units);
+    if constexpr (S::factored) {
+      // also forms the clip divisors (the last block of each tensor)
+      R::template launch<&cu::columns_kernel<Rule, P, G>>(n(g.n_columns), cu::block_threads, s, tasks, steps,
+                                                           g.columns);
+    } else if constexpr (C::active) {
+      R::template launch<&cu::finalize_kernel<Rule, P, G>>(n((g.n_tasks + 127) / 128), 128u, s, tasks, steps,
+                                                            g.tasks, static_cast<int>(g.n_tasks));
+    }
+    if constexpr (S::factored || C::active)
+      R::template launch<&cu::apply_kernel<Rule, P, G>>(n(g.n_applies), static_cast<unsigned>(cu::apply_threads), s,
+                                                         tasks, steps, g.applies);
+  }
+
+  template <class Rule, class P, class G>
+  static const GroupOps* group_ops() {
+    static const GroupOps ops{Rule::second_moment::factored, &launch_group<Rule, P, G>};
+    return &ops;
+  }
+  static const GroupOps* pick(Tier t, Dtype p, Dtype g, bool rank1) {
+    return visit_rule<Tiers>(t, rank1, [&]<class Rule>() {
+      return visit_dtypes(p, g, []<class P, class G>() { return group_ops<Rule, P, G>(); });
+    });
+  }
+
+  static unsigned grid(std::size_t blocks) { return static_cast<unsigned>(blocks); }
+
+  template <class T>
+  T* zeroed(Array<T>& a, std::size_t n) {
+    a = Array<T>(n);
+    R::zero(a.data(), a.bytes(), stream_);
+    return a.data();
+  }
+  template <class T>
+  static std::span<const T> span_of(const Array<T>& a) {
+    return {a.data(), a.size()};
+  }
+  template <class T>
+  void download(const Array<T>& d, std::vector<T>& out) const {
+    out.resize(d.size());
+    if (!d.empty()) R::to_host(out.data(), d.data(), d.bytes(), stream_);
+  }
+  template <class T>
+  void upload(Array<T>& d, const std::vector<T>& v) const {
+    d = Array<T>(v.size());
+    if (!v.empty()) R::to_device(d.data(), v.data(), d.bytes(), stream_);
+  }
+
+  static void same_size(std::size_t have, std::size_t got, const std::string& who, const char* array) {
+    if (have != got)
+      throw std::invalid_argument(who + ": " + array + " has " + std::to_string(got) + " values, expected " +
+                                  std::to_string(have));
+  }
+
+  /// The gradient table of `items` (the others null), uploaded.
+  void upload_grad_tasks(std::span<const StepItem> items, bool scaled) const {
+    auto& h = tables_.host_grad_tasks;
+    h.assign(tensors_.size(), backend::cuda::GradTask{});
+    for (const StepItem& it : items) {
+      const Tensor& e = tensors_[static_cast<std::size_t>(it.index)];
+      if (e.numel == 0) continue;
+      h[static_cast<std::size_t>(it.index)] = backend::cuda::GradTask{
+          it.grad.data, it.grad.dtype, scaled ? it.scalars.grad_scale : 1.0f, e.limit, e.geom.matrix_size()};
+    }
+    R::to_device(tables_.grad_tasks.data(), h.data(), h.size() * sizeof(h[0]), stream_);
+  }
+
+  /// Moves tensors whose gradient dtype changed to the group of the new one.
+  void regroup(std::span<const StepItem> items) {
+    std::vector<const GroupOps*> ops;
+    for (const StepItem& it : items) {
+      const Tensor& e = tensors_[static_cast<std::size_t>(it.index)];
+      const GroupOps* o = pick(e.tier, e.pdtype, it.grad.dtype, e.rank1);
+      if (o == e.ops) continue;
+      if (ops.empty()) {
+        ops.reserve(tensors_.size());
+        for (const Tensor& x : tensors_) ops.push_back(x.ops);
+      }
+      ops[static_cast<std::size_t>(it.index)] = o;
+    }
+    if (ops.empty()) return;
+    R::synchronize(stream_);  // the old lists may still be read
+    std::vector<Group> groups = build_groups(ops);
+    tables_.groups = std::move(groups);
+    for (std::size_t i = 0; i < tensors_.size(); ++i) tensors_[i].ops = ops[i];
+  }
+
+  /// Every group's work lists, uploaded, for tensors with kernels `ops`.
+  std::vector<Group> build_groups(const std::vector<const GroupOps*>& ops) const {
+    namespace cu = backend::cuda;
+    std::vector<const GroupOps*> order;
+    for (std::size_t k = 0; k < tensors_.size(); ++k)
+      if (tensors_[k].numel > 0 && std::find(order.begin(), order.end(), ops[k]) == order.end())
+        order.push_back(ops[k]);
+    std::vector<Group> groups;
+    for (const GroupOps* o : order) {
+      std::vector<WorkItem> units, columns, applies;
+      std::vector<std::int32_t> tasks;
+      for (std::size_t k = 0; k < tensors_.size(); ++k) {
+        const Tensor& e = tensors_[k];
+        if (ops[k] != o || e.numel == 0) continue;
+        const auto task = static_cast<std::int32_t>(k);
+        const MatrixGeometry& g = e.geom;
+        tasks.push_back(task);
+        if (o->factored) {
+          const index_t nb = e.task.row_blocks;
+          const index_t na = cu::apply_blocks_of(g);
+          for (index_t b = 0; b < g.batch; ++b) {
+            for (index_t q = 0; q < nb; ++q)
+              units.push_back(WorkItem{task, b, g.rows * q / nb, g.rows * (q + 1) / nb, q});
+            for (index_t q = 0; q < na; ++q)
+              applies.push_back(WorkItem{task, b, g.rows * q / na, g.rows * (q + 1) / na, q});
+            for (index_t j = 0; j < g.cols; j += cu::column_block)
+              columns.push_back(WorkItem{task, b, j, std::min(g.cols, j + cu::column_block), 0});
+          }
+        } else {
+          const index_t nc = e.task.chunks;
+          const index_t size = g.matrix_size();
+          for (index_t b = 0; b < g.batch; ++b)
+            for (index_t q = 0; q < nc; ++q)
+              units.push_back(WorkItem{task, b, q * cu::chunk_elems, std::min(size, (q + 1) * cu::chunk_elems),
+                                       b * nc + q});
+        }
+      }
+      if (!o->factored) applies = units;
+      check_grid(units.size() + columns.size() + applies.size());
+      Group grp;
+      grp.ops = o;
+      std::vector<WorkItem> all = units;
+      all.insert(all.end(), columns.begin(), columns.end());
+      all.insert(all.end(), applies.begin(), applies.end());
+      upload(grp.items, all);
+      upload(grp.tasks, tasks);
+      grp.arrays.units = grp.items.data();
+      grp.arrays.n_units = static_cast<std::int32_t>(units.size());
+      grp.arrays.columns = grp.items.data() + units.size();
+      grp.arrays.n_columns = static_cast<std::int32_t>(columns.size());
+      grp.arrays.applies = grp.items.data() + units.size() + columns.size();
+      grp.arrays.n_applies = static_cast<std::int32_t>(applies.size());
+      grp.arrays.tasks = grp.tasks.data();
+      grp.arrays.n_tasks = static_cast<std::int32_t>(tasks.size());
+      groups.push_back(std::move(grp));
+    }
+    return groups;
+  }
+
+  static void check_grid(std::size_t blocks) {
+    if (blocks > 0x7fffffffu) throw std::invalid_argument("parameters: too many work items for one launch");
+  }
+
+  /// The tables of every registered tensor (registration; uploads in stream order).
+  Tables build_tables() const {
+    namespace cu = backend::cuda;
+    Tables t;
+    const std::size_t n = tensors_.size();
+    t.tasks.resize(n);
+    for (std::size_t k = 0; k < n; ++k) {
+      t.tasks[k] = tensors_[k].task;
+      t.tasks[k].grad = nullptr;
+    }
+    upload(t.d_tasks, t.tasks);
+    t.steps.assign(n, TaskStep{});
+    upload(t.d_steps, t.steps);
+    std::vector<const GroupOps*> ops;
+    for (const Tensor& e : tensors_) ops.push_back(e.ops);
+    t.groups = build_groups(ops);
+
+    std::vector<WorkItem> checks;
+    for (std::size_t k = 0; k < n; ++k) {
+      const Tensor& e = tensors_[k];
+      if (e.numel == 0) continue;
+      const index_t size = e.geom.matrix_size();
+      for (index_t b = 0; b < e.geom.batch; ++b)
+        for (index_t o = 0; o < size; o += cu::chunk_elems) {
+          const auto slot = static_cast<index_t>(checks.size());
+          checks.push_back(WorkItem{static_cast<std::int32_t>(k), b, o, std::min(size, o + cu::chunk_elems), slot});
+        }
+    }
+    check_grid(checks.size());
+    upload(t.check_items, checks);
+    t.host_grad_tasks.assign(n, cu::GradTask{});
+    upload(t.grad_tasks, t.host_grad_tasks);
+    t.first = Array<index_t>(checks.size());
+    t.value = Array<float>(checks.size());
+    t.partial = Array<double>(checks.size());
+    t.total = Array<double>(1);
+    t.outcome = Array<cu::CheckOutcome>(1);
+    return t;
+  }
+
+  std::vector<Tensor> tensors_;
+  Tables tables_;
+  Tables undo_;  ///< the tables before the last add (pop_back)
+  std::vector<const void*> grads_;  ///< reused by every step
+  Stream stream_{};
+};
+
+}  // namespace skewadam
