@@ -1,9 +1,10 @@
-# cmake -DREPLAY=... -DCASE=dir -DWORK=dir -P resume_case.cmake
+# cmake -DREPLAY=... -DCASE=dir -DWORK=dir [-DBACKEND=name] -P resume_case.cmake
 #
 # Runs a golden case uninterrupted (1 thread), then resumed at several steps
 # (2 threads): in one process with --resume-at, and in two with --stop-after
 # --save and --load. Every output must equal the uninterrupted run's, bit for
-# bit, and every run must pass the case's tolerances.
+# bit, and every run must pass the case's tolerances. BACKEND, when given, is
+# passed to every run as --backend (e.g. cuda-emulated).
 cmake_minimum_required(VERSION 3.25)
 foreach(_v REPLAY CASE WORK)
   if(NOT DEFINED ${_v})
@@ -21,8 +22,13 @@ list(REMOVE_DUPLICATES _ks)
 file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}")
 
+set(_backend "")
+if(DEFINED BACKEND)
+  set(_backend --backend ${BACKEND})
+endif()
+
 function(run)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err)
+  execute_process(COMMAND ${ARGN} ${_backend} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err)
   if(NOT _rc STREQUAL "0")
     message(FATAL_ERROR "failed (${_rc}): ${ARGN}\n${_out}${_err}")
   endif()

@@ -1,4 +1,4 @@
-// skewadam-replay CASE_DIR [--out DIR] [--threads N] [--backend cpu|cuda]
+// skewadam-replay CASE_DIR [--out DIR] [--threads N] [--backend cpu|cuda|cuda-emulated]
 //                 [--stop-after K] [--save FILE] [--load FILE] [--resume-at K]
 // skewadam-replay --list-archs
 //
@@ -9,7 +9,10 @@
 //
 // --backend cuda runs the case on the GPU (a build with SKEWADAM_WITH_CUDA);
 // it exits 77 when there is no CUDA device (ctest's code for a skipped test).
-// The checkpoint flags are CPU-only.
+// --backend cuda-emulated runs it on the optimizer front-end over the CUDA
+// backend, its kernels on the host (the emulated runtime,
+// skewadam_tools/emulated_runtime.hpp); the checkpoint flags work as on the
+// CPU, and its checkpoints load on either backend.
 //
 // Runs one golden conformance case exactly as the golden README says, prints
 // the worst error of each array as a fraction of its tolerance, and exits 0
@@ -45,6 +48,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(__unix__) || defined(__APPLE__)
@@ -56,6 +60,7 @@
 #endif
 #include <skewadam/checkpoint.hpp>
 #include <skewadam_tools/cpu_arch_env.hpp>
+#include <skewadam_tools/emulated_runtime.hpp>
 #include <skewadam_tools/golden_case.hpp>
 #if defined(SKEWADAM_REPLAY_WITH_MPI)
 #include "sharded_replay.hpp"
@@ -104,10 +109,10 @@ void check_step(const char* flag, std::int64_t k, std::int64_t steps) {
     throw CaseError(std::string(flag) + " " + std::to_string(k) + ": the case has steps 1.." + std::to_string(steps));
 }
 
-template <class Rule>
+template <class Rule, class Backend>
 class Replay {
  public:
-  using Opt = Optimizer<TierRules<Rule, Rule, Rule>>;
+  using Opt = Optimizer<TierRules<Rule, Rule, Rule>, Backend>;
 
   Replay(const GoldenCase& c, int threads)
       : c_(c),
@@ -223,9 +228,11 @@ int replay_sharded(const GoldenCase& c, const Options& o) {
 }
 #endif
 
-template <class Rule>
+template <class Rule, class Backend>
 int replay(const GoldenCase& c, const Options& o) {
   if (o.shard) {
+    if constexpr (!std::is_same_v<Backend, backend::DefaultBackend>)
+      throw CaseError("--shard: with --backend cpu only (the sharded placement runs on the CPU backend)");
 #if defined(SKEWADAM_REPLAY_WITH_MPI)
     return replay_sharded<Rule>(c, o);
 #else
@@ -238,17 +245,17 @@ int replay(const GoldenCase& c, const Options& o) {
   if (o.resume_at) {
     const std::int64_t k = *o.resume_at;
     check_step("--resume-at", k, c.steps);
-    Replay<Rule> before(c, o.threads);
+    Replay<Rule, Backend> before(c, o.threads);
     before.run(0, k, run);
     const TempFile tmp(c.name);
     before.save(tmp.path);
-    Replay<Rule> after(c, o.threads);
+    Replay<Rule, Backend> after(c, o.threads);
     if (after.load(tmp.path) != k) throw CaseError("--resume-at: the checkpoint did not restore step " + std::to_string(k));
     after.run(k, c.steps, run);
     how = "steps 1.." + std::to_string(k) + ", saved, loaded into a fresh optimizer, steps " + std::to_string(k + 1) +
           ".." + std::to_string(c.steps);
   } else {
-    Replay<Rule> r(c, o.threads);
+    Replay<Rule, Backend> r(c, o.threads);
     if (!o.load.empty()) {
       first = r.load(o.load);
       how = "loaded " + o.load + " (after step " + std::to_string(first) + "), ";
@@ -270,7 +277,10 @@ int replay(const GoldenCase& c, const Options& o) {
 
   const auto checks = check_steps(c, run, first, last);
   print_case(c);
-  std::printf(", threads %d, kernels %s\n", o.threads, backend::DefaultBackend::arch_name());
+  if constexpr (std::is_same_v<Backend, backend::DefaultBackend>)
+    std::printf(", threads %d, kernels %s\n", o.threads, backend::DefaultBackend::arch_name());
+  else
+    std::printf(", CUDA backend, emulated on the host\n");
   if (o.resume_at || !o.load.empty() || o.stop_after || !o.save.empty()) std::printf("  %s\n", how.c_str());
   return report(c, checks, run, first, last, o.out_dir);
 }
@@ -303,8 +313,9 @@ int main(int argc, char** argv) {
   app.add_option("case", o.case_dir, "case folder (case.json, param0.npy, grads.npy, ...)")->required();
   app.add_option("--out", o.out_dir, "write the computed params.npy and state files here, golden layout");
   app.add_option("--threads", o.threads, "CPU threads (0: hardware)")->check(CLI::NonNegativeNumber);
-  app.add_option("--backend", o.backend, "cpu, or cuda: run the case on the GPU")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--backend", o.backend,
+                 "cpu; cuda: run the case on the GPU; cuda-emulated: the CUDA backend's kernels on the host")
+      ->check(CLI::IsMember({"cpu", "cuda", "cuda-emulated"}));
   auto* stop = app.add_option("--stop-after", o.stop_after, "run steps 1..K only");
   auto* save = app.add_option("--save", o.save, "after the last step run, save the parameter and optimizer state");
   auto* load = app.add_option("--load", o.load, "start from a checkpoint saved by --save for this case");
@@ -337,7 +348,9 @@ int main(int argc, char** argv) {
   try {
     const GoldenCase c = load_golden_case(o.case_dir);
     if (o.backend == "cuda") return replay_cuda(c, o);
-    return with_case_rule(c, [&]<class Rule>() { return replay<Rule>(c, o); });
+    if (o.backend == "cuda-emulated")
+      return with_case_rule(c, [&]<class Rule>() { return replay<Rule, EmulatedCuda>(c, o); });
+    return with_case_rule(c, [&]<class Rule>() { return replay<Rule, backend::DefaultBackend>(c, o); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "skewadam-replay: %s\n", e.what());
     return 2;
