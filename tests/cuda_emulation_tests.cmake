@@ -1,10 +1,32 @@
-# The CUDA kernels run on host threads (tests/emulation/): no GPU and no CUDA
-# toolkit needed, but slow (minutes), hence opt-in:
-#   -DSKEWADAM_CUDA_EMULATION_TESTS=ON
-add_executable(skewadam-cuda-emulation-tests emulation/test_cuda_kernels_emulated.cpp)
-target_link_libraries(skewadam-cuda-emulation-tests PRIVATE skewadam::skewadam skewadam_tooling doctest::doctest)
-find_package(Threads REQUIRED)
-target_link_libraries(skewadam-cuda-emulation-tests PRIVATE Threads::Threads)
+# The CUDA backend on the host (tests/emulation/): the CUDA engine and its
+# kernels over the emulated runtime, no GPU and no CUDA toolkit needed. The
+# contract suite runs over it; the kernel tests add what only the kernels
+# show (long rows' sums).
+add_executable(skewadam-cuda-emulation-tests emulation/test_cuda_kernels_emulated.cpp
+               emulation/test_contract_cuda_emulated.cpp)
+target_link_libraries(skewadam-cuda-emulation-tests PRIVATE skewadam::skewadam skewadam_tooling skewadam_warnings
+                      doctest::doctest)
+target_include_directories(skewadam-cuda-emulation-tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/support)
 target_compile_definitions(skewadam-cuda-emulation-tests PRIVATE SKEWADAM_GOLDEN_DIR="${SKEWADAM_GOLDEN_DIR}")
-add_test(NAME cuda-emulation/kernels COMMAND skewadam-cuda-emulation-tests)
-set_tests_properties(cuda-emulation/kernels PROPERTIES LABELS "cuda-emulation" TIMEOUT 3600)
+doctest_discover_tests(skewadam-cuda-emulation-tests TEST_PREFIX "cuda-emulation/" PROPERTIES LABELS cuda-emulation)
+
+# Every golden case through skewadam-replay --backend cuda-emulated, and
+# resumed at several steps as the CPU's checkpoint.resume tests do.
+file(GLOB _emu_cases LIST_DIRECTORIES true CONFIGURE_DEPENDS ${SKEWADAM_GOLDEN_DIR}/*)
+foreach(_case IN LISTS _emu_cases)
+  if(NOT IS_DIRECTORY ${_case} OR NOT EXISTS ${_case}/case.json)
+    continue()
+  endif()
+  get_filename_component(_name ${_case} NAME)
+  set(_out ${CMAKE_CURRENT_BINARY_DIR}/golden-out/${_name}-cuda-emulated)
+  add_test(NAME golden/${_name}/cuda-emulated COMMAND skewadam-replay ${_case} --backend cuda-emulated --out ${_out})
+  add_test(NAME golden/${_name}/cuda-emulated/independent-check
+           COMMAND ${SKEWADAM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/check_golden.py ${_case} ${_out})
+  set_tests_properties(golden/${_name}/cuda-emulated/independent-check PROPERTIES
+                       DEPENDS golden/${_name}/cuda-emulated)
+  add_test(NAME cuda-emulation/resume.${_name}
+           COMMAND ${CMAKE_COMMAND} -DREPLAY=$<TARGET_FILE:skewadam-replay> -DCASE=${_case} -DBACKEND=cuda-emulated
+                   -DWORK=${CMAKE_CURRENT_BINARY_DIR}/cuda-emulated-resume/${_name}
+                   -P ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/resume_case.cmake)
+  set_tests_properties(golden/${_name}/cuda-emulated cuda-emulation/resume.${_name} PROPERTIES LABELS cuda-emulation)
+endforeach()

@@ -33,3 +33,11 @@ foreach(_case IN LISTS _cuda_golden_cases)
   add_test(NAME golden/${_name}/cuda COMMAND skewadam-replay ${_case} --backend cuda --out ${_out})
   set_tests_properties(golden/${_name}/cuda PROPERTIES SKIP_RETURN_CODE 77 LABELS cuda RESOURCE_LOCK gpu)
 endforeach()
+
+# The optimizer front-end over the CUDA backend and runtime (skewadam/cuda.cuh).
+add_executable(skewadam-cuda-engine-tests cuda/test_cuda_engine.cu)
+target_link_libraries(skewadam-cuda-engine-tests PRIVATE skewadam::cuda skewadam_tooling doctest::doctest)
+target_include_directories(skewadam-cuda-engine-tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/support)
+target_compile_definitions(skewadam-cuda-engine-tests PRIVATE SKEWADAM_GOLDEN_DIR="${SKEWADAM_GOLDEN_DIR}")
+add_test(NAME cuda/front-end COMMAND skewadam-cuda-engine-tests)
+set_tests_properties(cuda/front-end PROPERTIES SKIP_RETURN_CODE 77 LABELS cuda RESOURCE_LOCK gpu)

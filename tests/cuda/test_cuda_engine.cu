@@ -1,0 +1,137 @@
+// The optimizer front-end over the CUDA backend and the CUDA runtime
+// (skewadam/cuda.cuh), on a GPU: every golden case, a non-finite gradient
+// skipped with its report, clipping, checkpoint round trips through the
+// file format, host memory refused. The same engine runs the whole contract
+// suite on the host through the emulated runtime
+// (tests/emulation/test_contract_cuda_emulated.cpp); this program checks the
+// runtime's part. Without a CUDA device it exits 77 (skipped).
+
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <skewadam/checkpoint.hpp>
+#include <skewadam/cuda.cuh>
+#include <skewadam_tools/golden_case.hpp>
+
+#include "../support/golden_dirs.hpp"
+
+namespace {
+
+using namespace skewadam;
+namespace cu = backend::cuda;
+
+template <class Tiers = SkewAdamTiers>
+using GpuOptimizer = Optimizer<Tiers, cuda::Backend>;
+
+/// n floats of device memory, filled from / read into host vectors.
+struct DeviceFloats {
+  cu::DeviceBuffer<float> d;
+  explicit DeviceFloats(const std::vector<float>& h) : d(h.size()) { put(h); }
+  void put(const std::vector<float>& h) {
+    cu::check(cudaMemcpy(d.data(), h.data(), 4 * h.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  std::vector<float> get() const {
+    std::vector<float> h(d.size());
+    cu::check(cudaMemcpy(h.data(), d.data(), 4 * h.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    return h;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("front-end on the GPU: every golden case") {
+  const auto cases = test::golden_cases();
+  REQUIRE(!cases.empty());
+  for (const auto& dir : cases) {
+    INFO("case ", dir.string());
+    const tools::GoldenCase c = tools::load_golden_case(dir);
+    tools::CaseRun run = tools::with_case_rule(c, [&]<class Rule>() {
+      GpuOptimizer<TierRules<Rule, Rule, Rule>> opt(c.hyper);
+      const Shape shape(c.shape.begin(), static_cast<index_t>(c.shape.size()), "case shape");
+      const index_t n = shape.numel();
+      DeviceFloats p(c.param0.data);
+      DeviceFloats g(std::vector<float>(static_cast<std::size_t>(n)));
+      const ParamId id = opt.add(c.name.empty() ? "param" : c.name, Tier::backbone, TensorView<float>(p.d.data(), shape));
+      tools::CaseRun r;
+      for (std::int64_t t = 0; t < c.steps; ++t) {
+        g.put(std::vector<float>(c.grads.data.begin() + t * n, c.grads.data.begin() + (t + 1) * n));
+        opt.set_grad(id, TensorView<const float>(g.d.data(), shape));
+        opt.set_lr(c.lr_schedule[static_cast<std::size_t>(t)]);
+        CHECK(opt.step().applied);
+        const std::vector<float> now = p.get();
+        r.params.insert(r.params.end(), now.begin(), now.end());
+      }
+      tools::collect_state(opt, id, r);
+      return r;
+    });
+    for (const tools::ArrayCheck& a : tools::check_golden_case(c, run)) {
+      INFO(a.array, ": worst error ", a.worst, " of the tolerance ", a.problem);
+      CHECK(a.ok);
+    }
+  }
+}
+
+TEST_CASE("front-end on the GPU: a non-finite gradient skips the step and names the element") {
+  GpuOptimizer<> opt(Hyperparameters{.lr = 1e-2});
+  std::vector<float> w(300 * 257, 0.5f), gw(w.size(), 0.01f);
+  DeviceFloats p(w), g(gw);
+  const ParamId id = opt.add("w", Tier::backbone, TensorView<float>(p.d.data(), {300, 257}),
+                             TensorView<const float>(g.d.data(), {300, 257}));
+  CHECK(opt.step().applied);
+  const OptimizerState before = opt.export_state();
+  const std::vector<float> p_before = p.get();
+  gw[1234] = std::numeric_limits<float>::infinity();
+  g.put(gw);
+  const StepReport r = opt.step();
+  CHECK_FALSE(r.applied);
+  REQUIRE(r.nonfinite.has_value());
+  CHECK(r.nonfinite->element == 1234);
+  CHECK(r.nonfinite->param == id);
+  CHECK(p.get() == p_before);
+  CHECK(opt.export_state().params[0].state.v_row == before.params[0].state.v_row);
+  CHECK(opt.steps() == 1);
+}
+
+TEST_CASE("front-end on the GPU: a checkpoint loads into the CPU format and back") {
+  std::vector<float> w(64 * 48, 0.25f), gw(w.size(), 0.02f);
+  DeviceFloats p(w), g(gw);
+  GpuOptimizer<> a(Hyperparameters{.lr = 1e-2});
+  a.add("e", Tier::experts, TensorView<float>(p.d.data(), {64, 48}), TensorView<const float>(g.d.data(), {64, 48}));
+  for (int t = 0; t < 3; ++t) a.step();
+  CHECK(a.clip_grad_norm(0.1) > 0.0);
+  a.step();
+  const std::vector<std::byte> bytes = checkpoint_bytes(a);
+  GpuOptimizer<> b(Hyperparameters{.lr = 1e-2});
+  DeviceFloats q(w);
+  b.add("e", Tier::experts, TensorView<float>(q.d.data(), {64, 48}));
+  load_checkpoint(b, bytes);
+  CHECK(b.steps() == 4);
+  CHECK(b.export_state().params[0].state.v_col == a.export_state().params[0].state.v_col);
+}
+
+TEST_CASE("front-end on the GPU: host memory is refused, naming the parameter") {
+  GpuOptimizer<> opt;
+  std::vector<float> host(16);
+  try {
+    opt.add("w", Tier::experts, TensorView<float>(host.data(), {4, 4}));
+    FAIL("host memory was accepted");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).find("param of 'w'") != std::string::npos);
+  }
+  CHECK(opt.size() == 0);
+}
+
+int main(int argc, char** argv) {
+  if (cu::device_count() == 0) {
+    std::puts("no CUDA device: skipped");
+    return 77;
+  }
+  doctest::Context ctx(argc, argv);
+  return ctx.run();
+}

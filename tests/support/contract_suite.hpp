@@ -1,0 +1,431 @@
+#pragma once
+// The behaviour every front-end configuration (backend x placement) must
+// show, written once. A translation unit defines its configurations and
+// SKEWADAM_CONTRACT_CONFIGURATIONS (a comma-separated list of them), then
+// includes this file: tests/unit/test_contract.cpp (CPU, sharded over the
+// self communicator), tests/emulation/test_contract_cuda_emulated.cpp (the
+// CUDA engine over the emulated runtime).
+//
+// A configuration is a type with a name, make<Tiers>(hyper, options)
+// returning an owner of a fresh optimizer, its checkpoint functions save /
+// load, and cpu_bits: whether it must give the local CPU configuration's
+// bits (the CUDA kernels reduce in another order, so the CUDA engine agrees
+// within the golden tolerances instead).
+//
+// Asserted for each: every golden case; the local CPU configuration's bits
+// (or, without cpu_bits, its values within tolerance); a checkpoint moves
+// between it and the CPU configuration, both ways, exactly; a resumed run
+// (export/import, and through a checkpoint file) repeats an uninterrupted
+// one bit for bit; a non-finite gradient skips the step with the same report
+// and changes nothing (raise: throws it); clipping equals stepping with
+// pre-scaled gradients, bit for bit; bad input is refused with a message
+// naming the argument and nothing changed.
+
+#ifndef SKEWADAM_CONTRACT_CONFIGURATIONS
+#error "define SKEWADAM_CONTRACT_CONFIGURATIONS before including contract_suite.hpp"
+#endif
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <skewadam/checkpoint.hpp>
+#include <skewadam/skewadam.hpp>
+#include <skewadam_tools/golden_case.hpp>
+
+#include "golden_dirs.hpp"
+#include "training_fixture.hpp"
+
+namespace skewadam::contract {
+
+// ------------------------------------------------------------ configurations
+struct CpuLocal {
+  static constexpr const char* name = "CPU";
+  static constexpr bool cpu_bits = true;
+  template <class Tiers>
+  static auto make(const PerTier<Hyperparameters>& h, OptimizerOptions o) {
+    return std::make_unique<Optimizer<Tiers>>(h, o);
+  }
+  template <class Opt>
+  static void save(const Opt& opt, const std::filesystem::path& f) {
+    save_checkpoint(opt, f);
+  }
+  template <class Opt>
+  static void load(Opt& opt, const std::filesystem::path& f) {
+    load_checkpoint(opt, f);
+  }
+};
+
+// ------------------------------------------------------------------- helpers
+PerTier<Hyperparameters> hyper() {
+  PerTier<Hyperparameters> h;
+  h.backbone = Hyperparameters{.lr = 1e-2, .weight_decay = 0.05};
+  h.experts = Hyperparameters{.lr = 2e-2, .weight_decay = 0.05, .clip_scope = ClipScope::matrix};
+  h.router = Hyperparameters{.lr = 5e-3, .beta2 = 0.9999};
+  return h;
+}
+
+template <class Config>
+auto make(NonFinitePolicy policy = NonFinitePolicy::skip_step) {
+  auto opt = Config::template make<SkewAdamTiers>(hyper(),
+                                                  OptimizerOptions{.seed = 1234, .threads = 2, .nonfinite = policy});
+  opt->set_lr_schedule(Tier::backbone, WarmupCosine{.peak_lr = 1e-2, .warmup_steps = 2, .total_steps = 10});
+  return opt;
+}
+
+/// Everything observable: parameter bits and the exported state, in the
+/// model's tensor order (whatever the order of registration).
+struct Observed {
+  std::vector<std::vector<unsigned char>> params;
+  std::vector<OptimizerState::Param> state;
+  std::int64_t steps = 0;
+  std::uint64_t seed = 0;
+
+  template <class Opt>
+  static Observed take(fixture::Model& m, const Opt& opt) {
+    Observed o;
+    const OptimizerState s = opt.export_state();
+    for (fixture::Tensor& t : m.tensors) {
+      o.params.push_back(t.bits());
+      o.state.push_back(s.params.at(static_cast<std::size_t>(opt.find(t.name)->index)));
+    }
+    o.steps = s.steps;
+    o.seed = s.seed;
+    return o;
+  }
+  friend bool operator==(const Observed& a, const Observed& b) {
+    auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+      return x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), 4 * x.size()) == 0);
+    };
+    if (a.params != b.params || a.steps != b.steps || a.seed != b.seed || a.state.size() != b.state.size())
+      return false;
+    for (std::size_t i = 0; i < a.state.size(); ++i) {
+      const ParamState& x = a.state[i].state;
+      const ParamState& y = b.state[i].state;
+      if (x.step != y.step || a.state[i].rounding_stream != b.state[i].rounding_stream || !same(x.m, y.m) ||
+          !same(x.v, y.v) || !same(x.v_row, y.v_row) || !same(x.v_col, y.v_col))
+        return false;
+    }
+    return true;
+  }
+};
+
+/// a and b within the golden tolerances (1e-6 + 2e-5 |x| for parameters
+/// and state alike), with the same step counts and streams. Parameters are
+/// compared as fp32 values (the fp32 model).
+inline bool close(const Observed& a, const Observed& b) {
+  auto near = [](const float* x, const float* y, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i)
+      if (!(std::fabs(double(x[i]) - double(y[i])) <= 1e-6 + 2e-5 * std::fabs(double(y[i])))) return false;
+    return true;
+  };
+  if (a.steps != b.steps || a.seed != b.seed || a.params.size() != b.params.size() || a.state.size() != b.state.size())
+    return false;
+  for (std::size_t i = 0; i < a.params.size(); ++i) {
+    if (a.params[i].size() != b.params[i].size() || a.params[i].size() % 4 != 0) return false;
+    std::vector<float> x(a.params[i].size() / 4), y(x.size());
+    if (!x.empty()) {
+      std::memcpy(x.data(), a.params[i].data(), a.params[i].size());
+      std::memcpy(y.data(), b.params[i].data(), b.params[i].size());
+    }
+    if (!near(x.data(), y.data(), x.size())) return false;
+  }
+  for (std::size_t i = 0; i < a.state.size(); ++i) {
+    const ParamState& x = a.state[i].state;
+    const ParamState& y = b.state[i].state;
+    if (x.step != y.step || a.state[i].rounding_stream != b.state[i].rounding_stream) return false;
+    for (auto [p, q] : {std::pair{&x.m, &y.m}, {&x.v, &y.v}, {&x.v_row, &y.v_row}, {&x.v_col, &y.v_col}})
+      if (p->size() != q->size() || !near(p->data(), q->data(), p->size())) return false;
+  }
+  return true;
+}
+
+/// Sets element `at` of tensor k's gradient (in its own dtype).
+void poke_grad(fixture::Tensor& t, std::size_t at, float value) {
+  if (!t.g32.empty()) t.g32[at] = value;
+  if (!t.gb.empty()) t.gb[at] = bf16(value);
+  if (!t.gh.empty()) t.gh[at] = f16(value);
+}
+
+/// Sets every gradient of step t (the fixture's schedule of which tensors have one).
+template <class Opt>
+void set_grads(fixture::Model& m, Opt& opt, const std::vector<ParamId>& ids, std::int64_t t) {
+  for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+    fixture::Tensor& x = m.tensors[i];
+    if (t % x.grad_every == 0) {
+      x.fill_grad(i + 1, t);
+      opt.set_grad(ids[i], x.grad());
+    } else {
+      opt.clear_grad(ids[i]);
+    }
+  }
+}
+
+std::filesystem::path scratch_file(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / "skewadam-contract";
+  std::filesystem::create_directories(dir);
+  return dir / name;
+}
+
+}  // namespace skewadam::contract
+
+namespace {
+using namespace skewadam;
+using namespace skewadam::contract;
+}  // namespace
+
+
+TEST_CASE_TEMPLATE("contract: every golden case", Config, SKEWADAM_CONTRACT_CONFIGURATIONS) {
+  INFO("configuration: ", Config::name);
+  const auto cases = skewadam::test::golden_cases();
+  REQUIRE(!cases.empty());
+  for (const auto& dir : cases) {
+    INFO("case ", dir.string());
+    const tools::GoldenCase c = tools::load_golden_case(dir);
+    const tools::CaseRun run = tools::run_golden_case_on(c, []<class Tiers>(const Hyperparameters& h) {
+      return Config::template make<Tiers>(PerTier<Hyperparameters>{h, h, h}, OptimizerOptions{.threads = 2});
+    });
+    for (const tools::ArrayCheck& a : tools::check_golden_case(c, run)) {
+      INFO(a.array, ": worst error ", a.worst, " of the tolerance ", a.problem);
+      CHECK(a.ok);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("contract: the local CPU configuration's bits", Config, SKEWADAM_CONTRACT_CONFIGURATIONS) {
+  INFO("configuration: ", Config::name);
+  // bits: bf16 weights (stochastic rounding); values: fp32 ones
+  const Dtype weights = Config::cpu_bits ? Dtype::bf16 : Dtype::f32;
+  fixture::Model a = fixture::Model::make(weights), b = a;
+  auto ref = make<CpuLocal>();
+  auto opt = make<Config>();
+  const auto ia = a.register_with(*ref);
+  const auto ib = b.register_with(*opt);
+  a.train(*ref, ia, 0, 5);
+  b.train(*opt, ib, 0, 5);
+  CHECK(opt->state_bytes() == ref->state_bytes());
+  for (Tier t : all_tiers) CHECK(opt->state_bytes(t) == ref->state_bytes(t));
+  if constexpr (Config::cpu_bits) {
+    CHECK(Observed::take(a, *ref) == Observed::take(b, *opt));
+    // the same state makes the same checkpoint file, byte for byte
+    const std::filesystem::path mine = scratch_file(std::string("same-") + Config::name + ".ckpt");
+    const std::filesystem::path theirs = scratch_file("same-reference.ckpt");
+    Config::save(*opt, mine);
+    CpuLocal::save(*ref, theirs);
+    auto bytes = [](const std::filesystem::path& f) {
+      std::ifstream in(f, std::ios::binary);
+      return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    };
+    const std::vector<char> x = bytes(mine), y = bytes(theirs);
+    CHECK(x.size() > 0);
+    CHECK(x == y);
+  } else {
+    CHECK(close(Observed::take(a, *ref), Observed::take(b, *opt)));
+  }
+}
+
+TEST_CASE_TEMPLATE("contract: a checkpoint moves between this configuration and the CPU one, exactly", Config,
+                   SKEWADAM_CONTRACT_CONFIGURATIONS) {
+  INFO("configuration: ", Config::name);
+  fixture::Model a = fixture::Model::make(Dtype::bf16);
+  auto cpu = make<CpuLocal>();
+  const auto ia = a.register_with(*cpu);
+  a.train(*cpu, ia, 0, 3);
+  const std::filesystem::path there = scratch_file(std::string("to-") + Config::name + ".ckpt");
+  CpuLocal::save(*cpu, there);
+
+  fixture::Model b = a;  // the same parameter values
+  auto opt = make<Config>();
+  const auto ib = b.register_with(*opt, /*reversed=*/true);
+  Config::load(*opt, there);
+  CHECK(Observed::take(b, *opt) == Observed::take(a, *cpu));
+
+  b.train(*opt, ib, 3, 5);
+  const std::filesystem::path back = scratch_file(std::string("from-") + Config::name + ".ckpt");
+  Config::save(*opt, back);
+  fixture::Model c = b;
+  auto again = make<CpuLocal>();
+  (void)c.register_with(*again);
+  CpuLocal::load(*again, back);
+  CHECK(Observed::take(c, *again) == Observed::take(b, *opt));
+}
+
+TEST_CASE_TEMPLATE("contract: a resumed run repeats an uninterrupted one bit for bit", Config, SKEWADAM_CONTRACT_CONFIGURATIONS) {
+  INFO("configuration: ", Config::name);
+  for (bool through_file : {false, true}) {
+    const char* how = through_file ? "through a checkpoint file" : "through export_state / import_state";
+    INFO(how);
+    fixture::Model whole = fixture::Model::make(Dtype::bf16), part = whole;
+    auto uninterrupted = make<Config>();
+    const auto iw = whole.register_with(*uninterrupted);
+    whole.train(*uninterrupted, iw, 0, 6);
+
+    auto first = make<Config>();
+    const auto ip = part.register_with(*first);
+    part.train(*first, ip, 0, 3);
+    const std::filesystem::path file = scratch_file(std::string("resume-") + Config::name + ".ckpt");
+    OptimizerState saved;
+    if (through_file) Config::save(*first, file);
+    else saved = first->export_state();
+    first.reset();
+
+    auto resumed = make<Config>();
+    // a checkpoint matches parameters by name: register them in another order
+    const auto ir = part.register_with(*resumed, /*reversed=*/through_file);
+    if (through_file) Config::load(*resumed, file);
+    else resumed->import_state(saved);
+    CHECK(resumed->steps() == 3);
+    part.train(*resumed, ir, 3, 6);
+    CHECK(Observed::take(part, *resumed) == Observed::take(whole, *uninterrupted));
+  }
+}
+
+TEST_CASE_TEMPLATE("contract: a non-finite gradient skips the step, reports it, changes nothing", Config,
+                   SKEWADAM_CONTRACT_CONFIGURATIONS) {
+  INFO("configuration: ", Config::name);
+  const float bad_values[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity()};
+  for (std::size_t k : {std::size_t{1}, std::size_t{3}, std::size_t{6}}) {  // backbone, experts, router
+    for (float bad : bad_values) {
+      fixture::Model m = fixture::Model::make(Dtype::bf16);
+      auto opt = make<Config>();
+      const auto ids = m.register_with(*opt);
+      m.train(*opt, ids, 0, 2);
+      set_grads(m, *opt, ids, 3);
+      fixture::Tensor& t = m.tensors[k];
+      const std::size_t at = static_cast<std::size_t>(t.numel() / 2 + 1);
+      poke_grad(t, at, bad);
+      const Observed before = Observed::take(m, *opt);
+      INFO("tensor ", t.name, ", value ", bad);
+      const StepReport r = opt->step();
+      CHECK_FALSE(r.applied);
+      REQUIRE(r.nonfinite.has_value());
+      CHECK(r.nonfinite->name == t.name);
+      CHECK(r.nonfinite->param == ids[k]);
+      CHECK(r.nonfinite->element == static_cast<index_t>(at));
+      CHECK(std::isnan(r.nonfinite->value) == std::isnan(bad));
+      if (!std::isnan(bad)) CHECK(r.nonfinite->value == bad);
+      CHECK(Observed::take(m, *opt) == before);
+      CHECK(opt->steps() == 2);
+      // the repaired gradient steps as if nothing had happened
+      set_grads(m, *opt, ids, 3);
+      CHECK(opt->step().applied);
+      CHECK(opt->steps() == 3);
+    }
+  }
+  SUBCASE("raise: throws the same report, changes nothing") {
+    fixture::Model m = fixture::Model::make(Dtype::f32);
+    auto opt = make<Config>(NonFinitePolicy::raise);
+    const auto ids = m.register_with(*opt);
+    m.train(*opt, ids, 0, 1);
+    set_grads(m, *opt, ids, 2);
+    poke_grad(m.tensors[3], 5, std::numeric_limits<float>::infinity());
+    const Observed before = Observed::take(m, *opt);
+    try {
+      opt->step();
+      FAIL("step() did not throw");
+    } catch (const NonFiniteGradientError& e) {
+      CHECK(e.report().name == m.tensors[3].name);
+      CHECK(e.report().element == 5);
+      CHECK(std::string(e.what()).find("+inf") != std::string::npos);
+    }
+    CHECK(Observed::take(m, *opt) == before);
+  }
+}
+
+TEST_CASE_TEMPLATE("contract: clipping equals stepping with pre-scaled gradients, bit for bit", Config,
+                   SKEWADAM_CONTRACT_CONFIGURATIONS) {
+  INFO("configuration: ", Config::name);
+  fixture::Model a = fixture::Model::make(Dtype::f32), b = a;  // every gradient fp32
+  auto clipped = make<Config>();
+  auto scaled = make<Config>();
+  const auto ia = a.register_with(*clipped);
+  const auto ib = b.register_with(*scaled);
+  for (std::int64_t t = 1; t <= 3; ++t) {
+    set_grads(a, *clipped, ia, t);
+    set_grads(b, *scaled, ib, t);
+    double sum = 0;  // the norm, in double
+    for (std::size_t i = 0; i < a.tensors.size(); ++i)
+      if (clipped->grad(ia[i]).present())
+        for (float g : a.tensors[i].g32) sum += static_cast<double>(g) * static_cast<double>(g);
+    const double max_norm = 0.25 * std::sqrt(sum);
+    const double norm = clipped->clip_grad_norm(max_norm);
+    CHECK(norm == doctest::Approx(std::sqrt(sum)).epsilon(1e-12));
+    const double scale = max_norm / (norm + 1e-6);
+    CHECK(clipped->pending_grad_scale() == scale);
+    const auto s = static_cast<float>(scale);
+    for (std::size_t i = 0; i < b.tensors.size(); ++i)
+      for (float& g : b.tensors[i].g32) g *= s;
+    REQUIRE(clipped->step().applied);
+    REQUIRE(scaled->step().applied);
+    CHECK(clipped->pending_grad_scale() == 1.0);
+  }
+  CHECK(Observed::take(a, *clipped) == Observed::take(b, *scaled));
+}
+
+TEST_CASE_TEMPLATE("contract: bad input is refused, naming the argument, and nothing changes", Config,
+                   SKEWADAM_CONTRACT_CONFIGURATIONS) {
+  INFO("configuration: ", Config::name);
+  fixture::Model m = fixture::Model::make(Dtype::bf16, /*large=*/false);
+  auto opt = make<Config>();
+  const auto ids = m.register_with(*opt);
+  m.train(*opt, ids, 0, 2);
+  const Observed before = Observed::take(m, *opt);
+  const index_t registered = opt->size();
+  auto refused = [&](auto&& f, const std::string& words) {
+    try {
+      f();
+      FAIL("accepted: ", words);
+    } catch (const std::invalid_argument& e) {
+      INFO("message: ", e.what());
+      CHECK(std::string(e.what()).find(words) != std::string::npos);
+    }
+    CHECK(opt->size() == registered);
+    CHECK(Observed::take(m, *opt) == before);
+  };
+  std::vector<float> w(12 * 8), g(12 * 8), g_wrong(8 * 12);
+  fixture::Tensor& embed = m.tensors[0];
+  refused([&] { opt->add("", Tier::backbone, TensorView<float>(w.data(), {12, 8})); }, "name");
+  refused([&] { opt->add(embed.name, Tier::backbone, TensorView<float>(w.data(), {12, 8})); }, embed.name);
+  refused([&] {
+    opt->add("w", Tier::backbone, TensorView<float>(w.data(), {12, 8}), TensorView<const float>(g_wrong.data(), {8, 12}));
+  }, "grad of 'w'");
+  refused([&] { opt->add("alias", Tier::experts, embed.param()); }, "overlaps parameter '" + embed.name + "'");
+  refused([&] { opt->add("w", static_cast<Tier>(7), TensorView<float>(w.data(), {12, 8})); }, "tier of 'w'");
+  refused([&] { opt->set_grad(ids[0], TensorView<const float>(g.data(), {12, 8})); }, "grad of '" + embed.name + "'");
+  refused([&] { opt->set_grad(ParamId{99}, GradView{}); }, "param id 99");
+  const OptimizerState good = opt->export_state();
+  refused([&] {
+    OptimizerState s = good;
+    s.params[1].state.v_row.pop_back();
+    opt->import_state(s);
+  }, "v_row");
+  refused([&] {
+    OptimizerState s = good;
+    s.params[0].state.step = s.steps + 1;
+    opt->import_state(s);
+  }, "step");
+  refused([&] { opt->set_threads(-1); }, "threads");
+  refused([&] { opt->clip_grad_norm(-1.0); }, "max_norm");
+  set_grads(m, *opt, ids, 3);
+  opt->set_lr_schedule(Tier::router, [](std::int64_t) { return std::nan(""); });
+  const Observed with_grads = Observed::take(m, *opt);
+  try {
+    opt->step();
+    FAIL("a NaN learning rate was accepted");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).find("lr schedule of tier router") != std::string::npos);
+  }
+  CHECK(Observed::take(m, *opt) == with_grads);
+}
