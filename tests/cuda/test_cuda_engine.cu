@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <skewadam/backend/cuda/device_buffer.cuh>
 #include <skewadam/checkpoint.hpp>
 #include <skewadam/cuda.cuh>
 #include <skewadam_tools/golden_case.hpp>

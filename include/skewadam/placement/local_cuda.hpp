@@ -36,6 +36,7 @@
 #include "../backend/cuda/check_kernels.cuh"
 #include "../backend/cuda/cuda_backend.hpp"
 #include "../backend/cuda/kernels.cuh"
+#include "../backend/cuda/work_lists.hpp"
 #include "../backend/gradient_check.hpp"
 #include "../config.hpp"
 #include "../dtype.hpp"
@@ -57,6 +58,7 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
   using WorkItem = backend::cuda::WorkItem;
   using DeviceTask = backend::cuda::DeviceTask;
   using TaskStep = backend::cuda::TaskStep;
+  using GroupArrays = backend::cuda::GroupArrays;
 
   /// A tensor's state arrays in device memory.
   struct DeviceState {
@@ -283,18 +285,6 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
   }
 
  private:
-  /// The work lists of one group, in device memory.
-  struct GroupArrays {
-    const WorkItem* units = nullptr;    ///< row blocks (factored) or chunks
-    std::int32_t n_units = 0;
-    const WorkItem* columns = nullptr;  ///< column blocks (factored)
-    std::int32_t n_columns = 0;
-    const WorkItem* applies = nullptr;  ///< update blocks (factored: rows; element-wise: the chunks)
-    std::int32_t n_applies = 0;
-    const std::int32_t* tasks = nullptr;
-    std::int32_t n_tasks = 0;
-  };
-
   /// The launches of one (rule, parameter dtype, gradient dtype).
   struct GroupOps {
     bool factored = false;
@@ -439,58 +429,24 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
 
   /// Every group's work lists, uploaded, for tensors with kernels `ops`.
   std::vector<Group> build_groups(const std::vector<const GroupOps*>& ops) const {
-    namespace cu = backend::cuda;
     std::vector<const GroupOps*> order;
     for (std::size_t k = 0; k < tensors_.size(); ++k)
       if (tensors_[k].numel > 0 && std::find(order.begin(), order.end(), ops[k]) == order.end())
         order.push_back(ops[k]);
     std::vector<Group> groups;
     for (const GroupOps* o : order) {
-      std::vector<WorkItem> units, columns, applies;
-      std::vector<std::int32_t> tasks;
+      backend::cuda::GroupLists lists;
+      lists.factored = o->factored;
       for (std::size_t k = 0; k < tensors_.size(); ++k) {
         const Tensor& e = tensors_[k];
-        if (ops[k] != o || e.numel == 0) continue;
-        const auto task = static_cast<std::int32_t>(k);
-        const MatrixGeometry& g = e.geom;
-        tasks.push_back(task);
-        if (o->factored) {
-          const index_t nb = e.task.row_blocks;
-          const index_t na = cu::apply_blocks_of(g);
-          for (index_t b = 0; b < g.batch; ++b) {
-            for (index_t q = 0; q < nb; ++q)
-              units.push_back(WorkItem{task, b, g.rows * q / nb, g.rows * (q + 1) / nb, q});
-            for (index_t q = 0; q < na; ++q)
-              applies.push_back(WorkItem{task, b, g.rows * q / na, g.rows * (q + 1) / na, q});
-            for (index_t j = 0; j < g.cols; j += cu::column_block)
-              columns.push_back(WorkItem{task, b, j, std::min(g.cols, j + cu::column_block), 0});
-          }
-        } else {
-          const index_t nc = e.task.chunks;
-          const index_t size = g.matrix_size();
-          for (index_t b = 0; b < g.batch; ++b)
-            for (index_t q = 0; q < nc; ++q)
-              units.push_back(WorkItem{task, b, q * cu::chunk_elems, std::min(size, (q + 1) * cu::chunk_elems),
-                                       b * nc + q});
-        }
+        if (ops[k] == o && e.numel > 0)
+          lists.add(static_cast<std::int32_t>(k), e.geom, e.task.row_blocks, e.task.chunks);
       }
-      if (!o->factored) applies = units;
-      check_grid(units.size() + columns.size() + applies.size());
       Group grp;
       grp.ops = o;
-      std::vector<WorkItem> all = units;
-      all.insert(all.end(), columns.begin(), columns.end());
-      all.insert(all.end(), applies.begin(), applies.end());
-      upload(grp.items, all);
-      upload(grp.tasks, tasks);
-      grp.arrays.units = grp.items.data();
-      grp.arrays.n_units = static_cast<std::int32_t>(units.size());
-      grp.arrays.columns = grp.items.data() + units.size();
-      grp.arrays.n_columns = static_cast<std::int32_t>(columns.size());
-      grp.arrays.applies = grp.items.data() + units.size() + columns.size();
-      grp.arrays.n_applies = static_cast<std::int32_t>(applies.size());
-      grp.arrays.tasks = grp.tasks.data();
-      grp.arrays.n_tasks = static_cast<std::int32_t>(tasks.size());
+      upload(grp.items, lists.concatenated());
+      upload(grp.tasks, lists.tasks);
+      grp.arrays = GroupArrays::of(lists, grp.items.data(), grp.tasks.data());
       groups.push_back(std::move(grp));
     }
     return groups;

@@ -71,6 +71,8 @@
 #include "../../tier_settings.hpp"
 #include "device_buffer.cuh"
 #include "kernels.cuh"
+#include "runtime.cuh"
+#include "work_lists.hpp"
 
 namespace skewadam::backend::cuda {
 
@@ -100,18 +102,6 @@ __global__ void prepare_kernel(const DeviceTask* tasks, TaskStep* steps, std::in
   steps[k].scope = h.clip_scope;
   steps[k].skip = 0;
 }
-
-/// The device arrays of one group's work lists.
-struct GroupArrays {
-  const WorkItem* units = nullptr;     ///< row blocks (factored) or chunks
-  std::int32_t n_units = 0;
-  const WorkItem* columns = nullptr;   ///< column blocks (factored)
-  std::int32_t n_columns = 0;
-  const WorkItem* applies = nullptr;   ///< update blocks (factored: rows; element-wise: the chunks)
-  std::int32_t n_applies = 0;
-  const std::int32_t* tasks = nullptr;
-  std::int32_t n_tasks = 0;
-};
 
 /// Launches of one (rule, parameter dtype, gradient dtype).
 struct GroupOps {
@@ -405,7 +395,6 @@ class Optimizer : public TierSettings {
   /// Rebuilds the tensor table, the step counts and every group's work lists
   /// (registration only; the stream is idle).
   void rebuild() {
-    using backend::cuda::WorkItem;
     const std::size_t n = entries_.size();
     // step counts survive: copy the old ones
     std::vector<std::int64_t> counts(n, 0);
@@ -425,53 +414,18 @@ class Optimizer : public TierSettings {
     for (const auto& e : entries_)
       if (e->numel > 0 && std::find(order.begin(), order.end(), e->ops) == order.end()) order.push_back(e->ops);
     for (const backend::cuda::GroupOps* ops : order) {
-      std::vector<WorkItem> units, columns, applies;
-      std::vector<std::int32_t> tasks;
+      backend::cuda::GroupLists lists;
+      lists.factored = ops->factored;
       for (std::size_t k = 0; k < n; ++k) {
         const Entry& e = *entries_[k];
-        if (e.ops != ops || e.numel == 0) continue;
-        const auto task = static_cast<std::int32_t>(k);
-        const MatrixGeometry& g = e.task.geom;
-        tasks.push_back(task);
-        if (ops->factored) {
-          const index_t nb = e.task.row_blocks;
-          for (index_t b = 0; b < g.batch; ++b) {
-            for (index_t q = 0; q < nb; ++q)
-              units.push_back(WorkItem{task, b, g.rows * q / nb, g.rows * (q + 1) / nb, q});
-            const index_t na = backend::cuda::apply_blocks_of(g);
-            for (index_t q = 0; q < na; ++q)
-              applies.push_back(WorkItem{task, b, g.rows * q / na, g.rows * (q + 1) / na, q});
-            for (index_t j = 0; j < g.cols; j += backend::cuda::column_block)
-              columns.push_back(WorkItem{task, b, j, std::min(g.cols, j + backend::cuda::column_block), 0});
-          }
-        } else {
-          const index_t nc = e.task.chunks;
-          const index_t size = g.matrix_size();
-          for (index_t b = 0; b < g.batch; ++b)
-            for (index_t q = 0; q < nc; ++q)
-              units.push_back(WorkItem{task, b, q * backend::cuda::chunk_elems,
-                                       std::min(size, (q + 1) * backend::cuda::chunk_elems), b * nc + q});
-        }
+        if (e.ops == ops && e.numel > 0)
+          lists.add(static_cast<std::int32_t>(k), e.task.geom, e.task.row_blocks, e.task.chunks);
       }
-      constexpr std::size_t grid_limit = 0x7fffffff;
-      if (!ops->factored) applies = units;
-      if (units.size() > grid_limit || columns.size() > grid_limit || applies.size() > grid_limit)
-        throw std::invalid_argument("parameters: too many work items for one launch");
       Group grp;
       grp.ops = ops;
-      std::vector<WorkItem> all = units;
-      all.insert(all.end(), columns.begin(), columns.end());
-      all.insert(all.end(), applies.begin(), applies.end());
-      upload(grp.items, all);
-      upload(grp.tasks, tasks);
-      grp.arrays.units = grp.items.data();
-      grp.arrays.n_units = static_cast<std::int32_t>(units.size());
-      grp.arrays.columns = grp.items.data() + units.size();
-      grp.arrays.applies = grp.items.data() + units.size() + columns.size();
-      grp.arrays.n_applies = static_cast<std::int32_t>(applies.size());
-      grp.arrays.n_columns = static_cast<std::int32_t>(columns.size());
-      grp.arrays.tasks = grp.tasks.data();
-      grp.arrays.n_tasks = static_cast<std::int32_t>(tasks.size());
+      upload(grp.items, lists.concatenated());
+      upload(grp.tasks, lists.tasks);
+      grp.arrays = backend::cuda::GroupArrays::of(lists, grp.items.data(), grp.tasks.data());
       groups_.push_back(std::move(grp));
     }
   }
@@ -484,14 +438,7 @@ class Optimizer : public TierSettings {
   const Entry& entry(ParamId id) const { return const_cast<Optimizer*>(this)->entry(id); }
 
   static void check_device_pointer(const void* p, const std::string& who) {
-    cudaPointerAttributes a{};
-    const cudaError_t err = cudaPointerGetAttributes(&a, p);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw std::invalid_argument(who + ": not a CUDA pointer (" + cudaGetErrorString(err) + ")");
-    }
-    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
-      throw std::invalid_argument(who + ": host memory; the CUDA optimizer needs device or managed memory");
+    backend::cuda::DeviceRuntime::check_device_memory(p, who);
   }
 
   static void check_param(std::string_view name, const ParamView& p) {

@@ -5,9 +5,9 @@
 //   skewadam::Optimizer<skewadam::SkewAdamTiers, skewadam::backend::CudaBackend<skewadam::backend::cuda::DeviceRuntime>>
 //       opt(h, {.stream = stream});
 //
-// (skewadam::cuda::Engine<Tiers> names that type.) Errors of the runtime
-// become std::runtime_error naming the call; memory that is not the
-// device's (or managed) is refused with std::invalid_argument.
+// (skewadam/cuda.cuh names the backend skewadam::cuda::Backend.) Errors of
+// the runtime become std::runtime_error naming the call; memory that is not
+// the device's (or managed) is refused with std::invalid_argument.
 
 #include <cuda_runtime.h>
 
@@ -15,11 +15,27 @@
 #include <stdexcept>
 #include <string>
 
-#include "../../tier_rules.hpp"
 #include "cuda_backend.hpp"
-#include "device_buffer.cuh"
 
 namespace skewadam::backend::cuda {
+
+/// Throws std::runtime_error("what: <CUDA's message>") unless e is cudaSuccess.
+inline void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // clear a sticky-free error so later calls are not blamed for it
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+  }
+}
+
+/// Number of CUDA devices; 0 when there is none or no driver (never throws).
+inline int device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
 
 struct DeviceRuntime {
   using stream_type = cudaStream_t;
