@@ -44,22 +44,15 @@ struct FactoredStatistics {
     if (Rule::momentum::has_state) m.assign(static_cast<std::size_t>(shape.numel()), 0.0f);
     task.m = m.empty() ? nullptr : m.data();
     task.row_blocks = cu::row_blocks_of(g);
-    const auto nb = static_cast<std::size_t>(task.row_blocks);
     v_row.assign(B * r, 0.0f);
     v_col.assign(B * c, 0.0f);
-    scratch_f.assign(B * nb * c * 2 + B * c + 2 * B, 0.0f);
-    scratch_d.assign(2 * B * c + B, 0.0);
-    done.assign(B + 1, 0u);
     task.v_row = v_row.data();
     task.v_col = v_col.data();
-    task.col_partial = scratch_f.data();
-    task.d_partial = task.col_partial + B * nb * c;
-    task.inv_col = task.d_partial + B * nb * c;
-    task.vbar = task.inv_col + B * c;
-    task.divisor = task.vbar + B;
-    task.col_term = scratch_d.data();
-    task.matrix_sum = task.col_term + 2 * B * c;
-    task.done = done.data();
+    const cu::ScratchSizes sz = cu::scratch_sizes(task, true);
+    scratch_f.assign(sz.floats, 0.0f);
+    scratch_d.assign(sz.doubles, 0.0);
+    done.assign(sz.counters, 0u);
+    cu::place_scratch(task, true, scratch_f.data(), scratch_d.data(), done.data());
     for (index_t b = 0; b < g.batch; ++b)
       for (index_t q = 0; q < task.row_blocks; ++q)
         units.push_back({0, b, g.rows * q / task.row_blocks, g.rows * (q + 1) / task.row_blocks, q});

@@ -137,28 +137,17 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
       if (spec.layout.momentum) d.m = zeroed(e.state.m, n);
       if (e.factored) {
         d.row_blocks = backend::cuda::row_blocks_of(e.geom);
-        const auto nb = static_cast<std::size_t>(d.row_blocks);
         d.v_row = zeroed(e.state.v_row, B * r);
         d.v_col = zeroed(e.state.v_col, B * c);
-        e.scratch_f = Array<float>(B * nb * c * 2 + B * c + 2 * B);
-        d.col_partial = e.scratch_f.data();
-        d.d_partial = d.col_partial + B * nb * c;
-        d.inv_col = d.d_partial + B * nb * c;
-        d.vbar = d.inv_col + B * c;
-        d.divisor = d.vbar + B;
-        e.scratch_d = Array<double>(2 * B * c + B);
-        d.col_term = e.scratch_d.data();
-        d.matrix_sum = d.col_term + 2 * B * c;
-        d.done = zeroed(e.done, B + 1);
       } else {
         d.chunks = backend::cuda::chunks_of(e.geom);
         d.v = zeroed(e.state.v, n);
-        e.scratch_f = Array<float>(2 * B);
-        d.divisor = e.scratch_f.data();
-        e.scratch_d = Array<double>(B * static_cast<std::size_t>(d.chunks) + B);
-        d.chunk_sum = e.scratch_d.data();
-        d.matrix_sum = d.chunk_sum + B * static_cast<std::size_t>(d.chunks);
       }
+      const backend::cuda::ScratchSizes sz = backend::cuda::scratch_sizes(d, e.factored);
+      e.scratch_f = Array<float>(sz.floats);
+      e.scratch_d = Array<double>(sz.doubles);
+      if (sz.counters > 0) (void)zeroed(e.done, sz.counters);
+      backend::cuda::place_scratch(d, e.factored, e.scratch_f.data(), e.scratch_d.data(), e.done.data());
     }
     tensors_.push_back(std::move(e));
     try {
@@ -452,10 +441,6 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
     return groups;
   }
 
-  static void check_grid(std::size_t blocks) {
-    if (blocks > 0x7fffffffu) throw std::invalid_argument("parameters: too many work items for one launch");
-  }
-
   /// The tables of every registered tensor (registration; uploads in stream order).
   Tables build_tables() const {
     namespace cu = backend::cuda;
@@ -484,7 +469,7 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
           checks.push_back(WorkItem{static_cast<std::int32_t>(k), b, o, std::min(size, o + cu::chunk_elems), slot});
         }
     }
-    check_grid(checks.size());
+    backend::cuda::check_launch_size(checks.size());
     upload(t.check_items, checks);
     t.host_grad_tasks.assign(n, cu::GradTask{});
     upload(t.grad_tasks, t.host_grad_tasks);

@@ -60,6 +60,7 @@
 #include <cuda_runtime.h>
 #endif
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -136,6 +137,43 @@ struct DeviceTask {
   float* divisor = nullptr;      ///< [B]
   double* chunk_sum = nullptr;   ///< [B * chunks] element-wise
 };
+
+/// Scratch of one tensor (DeviceTask's scratch pointers), in three arrays.
+struct ScratchSizes {
+  std::size_t floats = 0;
+  std::size_t doubles = 0;
+  std::size_t counters = 0;  ///< zeroed once; the kernels reset them
+};
+
+/// The scratch a tensor of geometry d.geom needs; d.row_blocks (factored) or
+/// d.chunks (element-wise) must be set.
+inline ScratchSizes scratch_sizes(const DeviceTask& d, bool factored) {
+  const auto B = static_cast<std::size_t>(d.geom.batch);
+  const auto c = static_cast<std::size_t>(d.geom.cols);
+  if (factored) return {B * static_cast<std::size_t>(d.row_blocks) * c * 2 + B * c + 2 * B, 2 * B * c + B, B + 1};
+  return {2 * B, B * static_cast<std::size_t>(d.chunks) + B, 0};
+}
+
+/// Points d's scratch pointers into arrays of scratch_sizes(d, factored).
+inline void place_scratch(DeviceTask& d, bool factored, float* f, double* x, unsigned* counters) {
+  const auto B = static_cast<std::size_t>(d.geom.batch);
+  const auto c = static_cast<std::size_t>(d.geom.cols);
+  if (factored) {
+    const std::size_t partial = B * static_cast<std::size_t>(d.row_blocks) * c;
+    d.col_partial = f;
+    d.d_partial = f + partial;
+    d.inv_col = d.d_partial + partial;
+    d.vbar = d.inv_col + B * c;
+    d.divisor = d.vbar + B;
+    d.col_term = x;
+    d.matrix_sum = x + 2 * B * c;
+    d.done = counters;
+  } else {
+    d.divisor = f;
+    d.chunk_sum = x;
+    d.matrix_sum = x + B * static_cast<std::size_t>(d.chunks);
+  }
+}
 
 /// A block's work: rows [begin, end) of matrix `matrix` (row block `block`),
 /// elements [begin, end) of matrix `matrix` (chunk `block`), or columns

@@ -201,25 +201,17 @@ class Optimizer : public TierSettings {
       if (layout.momentum) d.m = alloc(*e, e->m, n, true);
       if (e->factored) {
         d.row_blocks = backend::cuda::row_blocks_of(g);
-        const auto nb = static_cast<std::size_t>(d.row_blocks);
         d.v_row = alloc(*e, e->v_row, B * r, true);
         d.v_col = alloc(*e, e->v_col, B * c, true);
-        d.col_partial = alloc(*e, e->scratch_f, B * nb * c * 2 + B * c + 2 * B, false);
-        d.d_partial = d.col_partial + B * nb * c;
-        d.inv_col = d.d_partial + B * nb * c;
-        d.vbar = d.inv_col + B * c;
-        d.divisor = d.vbar + B;
-        d.col_term = alloc(*e, e->scratch_d, 2 * B * c + B, false);
-        d.matrix_sum = d.col_term + 2 * B * c;
-        d.done = alloc(*e, e->done, B + 1, true);
       } else {
         d.chunks = backend::cuda::chunks_of(g);
         d.v = alloc(*e, e->v, n, true);
-        d.divisor = alloc(*e, e->scratch_f, 2 * B, false);
-        d.col_partial = nullptr;
-        d.chunk_sum = alloc(*e, e->scratch_d, B * static_cast<std::size_t>(d.chunks) + B, false);
-        d.matrix_sum = d.chunk_sum + B * static_cast<std::size_t>(d.chunks);
       }
+      const backend::cuda::ScratchSizes sz = backend::cuda::scratch_sizes(d, e->factored);
+      float* f = alloc(*e, e->scratch_f, sz.floats, false);
+      double* x = alloc(*e, e->scratch_d, sz.doubles, false);
+      unsigned* counters = sz.counters > 0 ? alloc(*e, e->done, sz.counters, true) : nullptr;
+      backend::cuda::place_scratch(d, e->factored, f, x, counters);
     }
 
     const ParamId id{static_cast<index_t>(entries_.size())};

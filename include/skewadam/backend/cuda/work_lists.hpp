@@ -12,6 +12,7 @@
 // (placement/local_cuda.hpp) and the standalone driver (optimizer.cuh).
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <vector>
@@ -21,6 +22,11 @@
 #include "kernels.cuh"
 
 namespace skewadam::backend::cuda {
+
+/// Throws unless `blocks` work items fit one launch's grid.
+inline void check_launch_size(std::size_t blocks) {
+  if (blocks > 0x7fffffffu) throw std::invalid_argument("parameters: too many work items for one launch");
+}
 
 /// A group's lists in host memory, in the order they are uploaded.
 struct GroupLists {
@@ -54,8 +60,7 @@ struct GroupLists {
   /// units, columns, applies: one array to upload. Throws when a pass would
   /// need more blocks than one launch has.
   std::vector<WorkItem> concatenated() const {
-    if (units.size() + columns.size() + applies.size() > 0x7fffffffu)
-      throw std::invalid_argument("parameters: too many work items for one launch");
+    check_launch_size(units.size() + columns.size() + applies.size());
     std::vector<WorkItem> all = units;
     all.insert(all.end(), columns.begin(), columns.end());
     all.insert(all.end(), applies.begin(), applies.end());
