@@ -47,11 +47,13 @@
 // holds the loops, threads and memory (backend/cpu/cpu_backend.hpp;
 // backend/cuda/cuda_backend.hpp, whose local engine is placement/local_cuda.hpp).
 
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -92,6 +94,20 @@ struct Offender {
   index_t element = -1;  ///< flat index of its first offending element, or -1 (see NonFiniteGradient)
   float value = 0;       ///< that element after global-norm scaling
 };
+
+namespace detail {
+/// check_arrays() of an engine whose tensor i keeps arrays of sizes `have`
+/// (m, v, v_row, v_col): std::invalid_argument naming who and the array
+/// unless `got` has exactly those sizes.
+inline void check_array_sizes(const std::array<std::size_t, 4>& have, const ParamState& got, const std::string& who) {
+  const std::array<std::size_t, 4> sizes{got.m.size(), got.v.size(), got.v_row.size(), got.v_col.size()};
+  constexpr const char* names[4] = {"m", "v", "v_row", "v_col"};
+  for (std::size_t k = 0; k < 4; ++k)
+    if (have[k] != sizes[k])
+      throw std::invalid_argument(who + ": " + names[k] + " has " + std::to_string(sizes[k]) + " values, expected " +
+                                  std::to_string(have[k]));
+}
+}  // namespace detail
 
 /// The interface above, as a concept; Optimizer checks it with a readable
 /// message where an engine is formed.

@@ -110,10 +110,7 @@ class LocalEngine<Tiers, backend::CpuBackend<Arch>> {
   }
   void check_arrays(std::size_t i, const ParamState& got, const std::string& who) const {
     const ParamState& have = tensors_[i].state;
-    same_size(have.m.size(), got.m.size(), who, "m");
-    same_size(have.v.size(), got.v.size(), who, "v");
-    same_size(have.v_row.size(), got.v_row.size(), who, "v_row");
-    same_size(have.v_col.size(), got.v_col.size(), who, "v_col");
+    detail::check_array_sizes({have.m.size(), have.v.size(), have.v_row.size(), have.v_col.size()}, got, who);
   }
   staged_type stage_begin() const { return staged_type(tensors_.size()); }
   void stage(staged_type& staged, std::size_t i, ParamState&& full) const { staged[i] = std::move(full); }
@@ -187,12 +184,6 @@ class LocalEngine<Tiers, backend::CpuBackend<Arch>> {
     std::vector<double> scan;              ///< per chunk: first offending offset, or -1
     const backend::cpu::PhaseKernels* kernels = nullptr;
   };
-
-  static void same_size(std::size_t have, std::size_t got, const std::string& who, const char* array) {
-    if (have != got)
-      throw std::invalid_argument(who + ": " + array + " has " + std::to_string(got) + " values, expected " +
-                                  std::to_string(have));
-  }
 
   Tensor& tensor_of(std::size_t k) { return tensors_[static_cast<std::size_t>(stepped_[k]->index)]; }
 

@@ -182,10 +182,7 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
   }
   void check_arrays(std::size_t i, const ParamState& got, const std::string& who) const {
     const DeviceState& have = tensors_[i].state;
-    same_size(have.m.size(), got.m.size(), who, "m");
-    same_size(have.v.size(), got.v.size(), who, "v");
-    same_size(have.v_row.size(), got.v_row.size(), who, "v_row");
-    same_size(have.v_col.size(), got.v_col.size(), who, "v_col");
+    detail::check_array_sizes({have.m.size(), have.v.size(), have.v_row.size(), have.v_col.size()}, got, who);
   }
   staged_type stage_begin() const { return staged_type(tensors_.size()); }
   void stage(staged_type& staged, std::size_t i, ParamState&& full) const {
@@ -375,12 +372,6 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
   void upload(Array<T>& d, const std::vector<T>& v) const {
     d = Array<T>(v.size());
     if (!v.empty()) R::to_device(d.data(), v.data(), d.bytes(), stream_);
-  }
-
-  static void same_size(std::size_t have, std::size_t got, const std::string& who, const char* array) {
-    if (have != got)
-      throw std::invalid_argument(who + ": " + array + " has " + std::to_string(got) + " values, expected " +
-                                  std::to_string(have));
   }
 
   /// The gradient table of `items` (the others null), uploaded.

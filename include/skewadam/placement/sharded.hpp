@@ -161,15 +161,7 @@ class ShardedEngine<Tiers, backend::CpuBackend<Arch>, Comm> {
   }
   void check_arrays(std::size_t i, const ParamState& got, const std::string& who) const {
     const FullSizes want = full_sizes(entries_[i]);
-    auto same_size = [&](std::size_t have, std::size_t n, const char* array) {
-      if (have != n)
-        throw std::invalid_argument(who + ": " + array + " has " + std::to_string(have) + " values, expected " +
-                                    std::to_string(n));
-    };
-    same_size(got.m.size(), want.m, "m");
-    same_size(got.v.size(), want.v, "v");
-    same_size(got.v_row.size(), want.v_row, "v_row");
-    same_size(got.v_col.size(), want.v_col, "v_col");
+    detail::check_array_sizes({want.m, want.v, want.v_row, want.v_col}, got, who);
   }
   staged_type stage_begin() const { return staged_type(entries_.size()); }
   /// Keeps this rank's share of tensor i's complete arrays.
