@@ -30,7 +30,8 @@
 #include <string>
 #include <vector>
 
-#include <skewadam/backend/cuda/optimizer.cuh>
+#include <skewadam/backend/cuda/device_buffer.cuh>
+#include <skewadam/cuda.cuh>
 
 #include "bench_params.hpp"
 

@@ -44,12 +44,4 @@ inline void check_max_norm(double max_norm) {
     throw std::invalid_argument("max_norm = " + std::to_string(max_norm) + ": must be > 0");
 }
 
-/// The factor clip_grad_norm applies to the gradients as they are read, as
-/// torch.nn.utils.clip_grad_norm_ computes it: min(max_norm / (norm + 1e-6), 1),
-/// and 1 when the norm is not finite.
-inline double grad_clip_scale(double norm, double max_norm) {
-  const double scale = max_norm / (norm + 1e-6);
-  return std::isfinite(norm) && scale < 1.0 ? scale : 1.0;
-}
-
 }  // namespace skewadam::detail

@@ -11,12 +11,20 @@
 //
 // Parameters, gradients and state live in device memory; everything of the
 // front-end (optimizer.hpp) holds: names and tiers with every check, per-tier
-// hyperparameters and schedules, the non-finite policy and StepReport (the
-// skip is decided on the device; a checked step reads that decision before
-// it returns), global gradient-norm clipping, fp32 gradients for bf16/fp16
-// parameters, export/import and checkpoints (checkpoint.hpp: the same file
-// as the CPU backend's, in both directions). state(id) views device memory;
+// hyperparameters and schedules, the non-finite policy and StepReport,
+// global gradient-norm clipping, fp32 gradients for bf16/fp16 parameters,
+// export/import and checkpoints (checkpoint.hpp: the same file as the CPU
+// backend's, in both directions). state(id) views device memory;
 // export_state() copies it to the host.
+//
+// Step counts live on the device too: step() returns nothing and never waits
+// for the GPU (under NonFinitePolicy::raise it waits, to throw); a step with
+// an offending gradient is skipped by the kernels, and last_step(), steps()
+// and export_state() read the device's answer when asked. A step can be
+// captured in a CUDA graph and replayed, each replay a counted step:
+//
+//   auto graph = opt.capture_step();   // on OptimizerOptions::stream
+//   for (...) { /* write the gradients */ opt.replay(graph); }
 //
 // The engine is placement/local_cuda.hpp, the runtime backend/cuda/runtime.cuh.
 
@@ -29,5 +37,11 @@ namespace skewadam::cuda {
 
 /// The CUDA backend over the CUDA runtime.
 using Backend = backend::CudaBackend<backend::cuda::DeviceRuntime>;
+
+/// The front-end over it.
+template <class Tiers = SkewAdamTiers>
+using Optimizer = skewadam::Optimizer<Tiers, Backend>;
+
+using backend::cuda::device_count;
 
 }  // namespace skewadam::cuda

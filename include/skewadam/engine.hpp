@@ -20,6 +20,31 @@
 //                           gradient offends; the first offender (in item order,
 //                           then element order) is returned. May throw
 //                           std::invalid_argument before changing anything.
+//
+// An engine whose step counts live on its device (counts_on_device: the CUDA
+// engine) steps without waiting for it, so the host learns a step's outcome
+// only when it asks; instead of the step() above it has
+//
+//   step(items, policy, settings)
+//                           enqueues one step; each tensor's scalars and key
+//                           are formed on the device from its own count and
+//                           `settings` (the tiers' hyperparameters, the
+//                           global-norm scale, the seed); a rejected step
+//                           changes nothing, counts included
+//   counts(out) -> steps    the tensors' counts and the applied-step count
+//                           (waits for the device)
+//   clip_sum_squares()      the sum of g^2 the last clipping step formed
+//                           (settings.max_norm; waits for the device)
+//   outcome()               the last step's first offender, if it was rejected
+//                           (waits for the device)
+//   stage_counts(staged, counts, steps)
+//                           counts of an import, committed with the state
+//   capture(items, policy, settings) -> graph_type
+//                           one step recorded for replay (a CUDA graph)
+//   replay_problem(graph, items)
+//                           why `graph` cannot run with these items, if it cannot
+//   replay(graph, items, settings)
+//                           runs it: one more step, counted on the device
 //   grad_sum_squares(items) sum of g^2 over the listed gradients, in double, in
 //                           an order fixed by the shapes (and rank count).
 //   export_arrays(i)        host copy of tensor i's complete state arrays.
@@ -59,6 +84,7 @@
 #include <vector>
 
 #include "config.hpp"
+#include "hyperparameters.hpp"
 #include "nonfinite.hpp"
 #include "param_state.hpp"
 #include "random.hpp"
@@ -95,6 +121,23 @@ struct Offender {
   float value = 0;       ///< that element after global-norm scaling
 };
 
+/// What a step of an engine that counts on its device needs besides its items.
+struct StepSettings {
+  std::array<Hyperparameters, tier_count> hyper{};  ///< by tier_index, lr schedules applied
+  double grad_scale = 1.0;                          ///< global-norm clipping's
+  std::uint64_t seed = 0;                           ///< stochastic rounding's
+  /// > 0: the step clips the global gradient norm to it on the device
+  /// (its scale replaces grad_scale); clip_sum_squares() reads the sum
+  double max_norm = 0;
+};
+
+/// Why a captured step cannot replay (replay_problem()).
+struct ReplayProblem {
+  index_t index = -1;  ///< the tensor whose gradient is not the captured one (pointer or dtype), or
+                       ///< -1: the engine's tables changed since the capture (a parameter was
+                       ///< added, a gradient changed dtype, or a state was imported)
+};
+
 namespace detail {
 /// check_arrays() of an engine whose tensor i keeps arrays of sizes `have`
 /// (m, v, v_row, v_col): std::invalid_argument naming who and the array
@@ -109,17 +152,19 @@ inline void check_array_sizes(const std::array<std::size_t, 4>& have, const Para
 }
 }  // namespace detail
 
-/// The interface above, as a concept; Optimizer checks it with a readable
+/// Whether E counts steps on its device (the second form of step() above).
+template <class E>
+inline constexpr bool counts_on_device = requires { requires E::counts_on_device; };
+
+/// The interface above, as concepts; Optimizer checks them with a readable
 /// message where an engine is formed.
 template <class E>
-concept OptimizerEngine = requires(E& e, const E& ce, const TensorRegistration& spec, std::span<const StepItem> items,
-                                   NonFinitePolicy policy, std::size_t i, const ParamState& s,
-                                   const std::string& who, ParamState&& full, typename E::staged_type& staged,
-                                   const ParamView& p, const GradView& g) {
+concept EngineBase = requires(E& e, const E& ce, const TensorRegistration& spec, std::size_t i, const ParamState& s,
+                              const std::string& who, ParamState&& full, typename E::staged_type& staged,
+                              const ParamView& p, const GradView& g, std::span<const StepItem> items) {
   ce.check_memory(std::string_view(who), p, g);
   e.add(spec);
   { e.pop_back() } noexcept;
-  { e.step(items, policy) } -> std::same_as<std::optional<Offender>>;
   { ce.grad_sum_squares(items) } -> std::same_as<double>;
   { ce.export_arrays(i) } -> std::same_as<ParamState>;
   ce.check_arrays(i, s, who);
@@ -131,6 +176,31 @@ concept OptimizerEngine = requires(E& e, const E& ce, const TensorRegistration& 
   e.set_threads(1);
   { ce.threads() } -> std::same_as<int>;
 };
+
+template <class E>
+concept HostCountingEngine = EngineBase<E> && !counts_on_device<E> &&
+                             requires(E& e, std::span<const StepItem> items, NonFinitePolicy policy) {
+                               { e.step(items, policy) } -> std::same_as<std::optional<Offender>>;
+                             };
+
+template <class E>
+concept DeviceCountingEngine =
+    EngineBase<E> && counts_on_device<E> &&
+    requires(E& e, const E& ce, std::span<const StepItem> items, NonFinitePolicy policy, const StepSettings& st,
+             std::span<std::int64_t> out, std::span<const std::int64_t> in, typename E::staged_type& staged,
+             const typename E::graph_type& graph) {
+      e.step(items, policy, st);
+      { ce.counts(out) } -> std::same_as<std::int64_t>;
+      { ce.outcome() } -> std::same_as<std::optional<Offender>>;
+      { ce.clip_sum_squares() } -> std::same_as<double>;
+      ce.stage_counts(staged, in, std::int64_t{0});
+      { e.capture(items, policy, st) } -> std::same_as<typename E::graph_type>;
+      { ce.replay_problem(graph, items) } -> std::same_as<std::optional<ReplayProblem>>;
+      e.replay(graph, items, st);
+    };
+
+template <class E>
+concept OptimizerEngine = HostCountingEngine<E> || DeviceCountingEngine<E>;
 
 /// The memory copies of an engine whose memory is not the host's.
 template <class E>

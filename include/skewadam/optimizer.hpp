@@ -18,7 +18,15 @@
 // (export_state, import_state) and saved to a file (checkpoint.hpp).
 //
 // A step whose gradients hold NaN or infinities is skipped as a whole by
-// default (OptimizerOptions::nonfinite, see nonfinite.hpp).
+// default (OptimizerOptions::nonfinite, see nonfinite.hpp); last_step() says
+// what the last step did.
+//
+// On the CUDA backend step counts live on the device and step() returns
+// nothing and never waits for the GPU (unless the policy is raise, which must
+// throw from step()): a skipped step is skipped by the kernels themselves,
+// and last_step(), steps(), step_count() and export_state() read the
+// device's answer when called. capture_step() records a step in a CUDA graph
+// that replay() runs again, each replay a counted step.
 //
 // Where the state lives and how a step runs is the engine's business
 // (engine.hpp): Placement::engine<Tiers, Backend>. The default placement,
@@ -32,13 +40,16 @@
 
 #include <array>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -76,6 +87,9 @@ class Optimizer : public TierSettings {
   static constexpr bool sharded = Placement::sharded;
   static_assert(OptimizerEngine<engine_type>,
                 "Optimizer: Placement::engine<Tiers, Backend> does not provide the interface of engine.hpp");
+  /// Whether step counts live on the device (the CUDA engine): step() then
+  /// returns nothing and does not wait, last_step() reads the outcome.
+  static constexpr bool device_counts = counts_on_device<engine_type>;
 
   // ------------------------------------------------------------ construction
   Optimizer() requires(!sharded) : Optimizer(Hyperparameters{}) {}
@@ -83,7 +97,8 @@ class Optimizer : public TierSettings {
       : Optimizer(PerTier<Hyperparameters>{all, all, all}, options) {}
   explicit Optimizer(const PerTier<Hyperparameters>& per_tier, OptimizerOptions options = {}) requires(!sharded)
       : TierSettings(per_tier), engine_(options), seed_(options.seed),
-        nonfinite_(detail::checked_policy(options.nonfinite)) {}
+        nonfinite_(detail::checked_policy(options.nonfinite)),
+        max_grad_norm_(checked_max_grad_norm(options.max_grad_norm)) {}
 
   /// A sharded optimizer over the ranks of `comm` (which must outlive it).
   Optimizer(communicator_type& comm, const Hyperparameters& all, OptimizerOptions options = {},
@@ -92,7 +107,8 @@ class Optimizer : public TierSettings {
   Optimizer(communicator_type& comm, const PerTier<Hyperparameters>& per_tier, OptimizerOptions options = {},
             typename Placement::options_type shard = {}) requires sharded
       : TierSettings(per_tier), engine_(comm, options.threads, shard), seed_(options.seed),
-        nonfinite_(detail::checked_policy(options.nonfinite)) {}
+        nonfinite_(detail::checked_policy(options.nonfinite)),
+        max_grad_norm_(checked_max_grad_norm(options.max_grad_norm)) {}
 
   // ------------------------------------------------------------ parameters
   /// Registers a parameter (once) under a tier; allocates its state. Sharded:
@@ -158,11 +174,17 @@ class Optimizer : public TierSettings {
   const ParamView& param(ParamId id) const { return entry(id).param; }
   const GradView& grad(ParamId id) const { return entry(id).grad; }
   /// Updates this parameter has received (t of its last step).
-  std::int64_t step_count(ParamId id) const { return entry(id).step; }
+  std::int64_t step_count(ParamId id) const {
+    const Entry& e = entry(id);
+    refresh_counts();
+    return e.step;
+  }
 
-  /// A parameter's state, viewed in place (local placement).
+  /// A parameter's state, viewed in place (local placement; on the CUDA
+  /// backend the arrays are in device memory).
   ParamStateView state(ParamId id) const requires(!sharded) {
     ParamStateView v = engine_.view(index_of(id));
+    refresh_counts();
     v.step = entry(id).step;
     return v;
   }
@@ -174,6 +196,7 @@ class Optimizer : public TierSettings {
   /// A copy of the complete optimizer state (see optimizer_state.hpp).
   /// Sharded: collective, every rank receives all of it.
   OptimizerState export_state() const {
+    refresh_counts();
     OptimizerState s;
     for (Tier t : all_tiers) s.hyperparameters[static_cast<std::size_t>(tier_index(t))] = hyper_[t];
     s.seed = seed_;
@@ -252,6 +275,7 @@ class Optimizer : public TierSettings {
         throw std::invalid_argument("state of '" + entries_[i].name + "': step = " + std::to_string(im.steps[i]) +
                                     " is outside 0.." + std::to_string(steps) + " (the optimizer's step count)");
     }
+    if constexpr (device_counts) engine_.stage_counts(im.staged, im.steps, steps);
     // commit: swaps and scalar copies only
     engine_.commit(std::move(im.staged));
     for (std::size_t i = 0; i < entries_.size(); ++i) {
@@ -261,6 +285,7 @@ class Optimizer : public TierSettings {
     for (Tier t : all_tiers) hyper_[t] = hyper[static_cast<std::size_t>(tier_index(t))];
     seed_ = seed;
     steps_ = steps;
+    counts_known_ = true;
   }
 
   // ------------------------------------------------------ hyperparameters
@@ -297,10 +322,27 @@ class Optimizer : public TierSettings {
   double clip_grad_norm(double max_norm) {
     detail::check_max_norm(max_norm);
     const double norm = grad_norm();
-    grad_scale_ = detail::grad_clip_scale(norm, max_norm);
+    grad_scale_ = grad_clip_scale(norm, max_norm);
     return norm;
   }
   double pending_grad_scale() const noexcept { return grad_scale_; }
+
+  /// From now on every step first clips the global gradient norm to max_norm,
+  /// exactly as clip_grad_norm(max_norm) before it would (0: off again). On
+  /// the CUDA backend the norm and the scale are formed on the device, so a
+  /// step still does not wait.
+  void set_max_grad_norm(double max_norm) { max_grad_norm_ = checked_max_grad_norm(max_norm); }
+  double max_grad_norm() const noexcept { return max_grad_norm_; }
+  /// The global gradient norm (before clipping) of the last step that
+  /// clipped by max_grad_norm; NaN if none has. CUDA: waits for the device.
+  double last_grad_norm() const {
+    if constexpr (device_counts)
+      if (!last_norm_known_) {
+        last_norm_ = std::sqrt(engine_.clip_sum_squares());
+        last_norm_known_ = true;
+      }
+    return last_norm_;
+  }
 
   // ------------------------------------------------------------------ step
   /// Updates every parameter that has a gradient. Returns whether the step
@@ -308,30 +350,119 @@ class Optimizer : public TierSettings {
   /// gradient is skipped and the report names it (raise: throws instead).
   /// Sharded: collective; every rank must have gradients for the same
   /// parameters (else std::invalid_argument on every rank, nothing changes).
-  StepReport step() {
-    const std::int64_t t_global = steps_ + 1;
-    const PerTier<Hyperparameters> h = hyperparameters_at(t_global);
-    items_.clear();
-    for (std::size_t i = 0; i < entries_.size(); ++i)
-      if (entries_[i].grad.present() && entries_[i].param.numel() > 0) items_.push_back(item(i, &h));
-
-    StepReport report;
-    if (std::optional<Offender> bad = engine_.step(items_, nonfinite_)) {
+  /// On the CUDA backend (device_counts) it returns nothing and does not
+  /// wait for the device; last_step() has the report. Under raise it waits
+  /// for the device's decision, to throw it.
+  std::conditional_t<device_counts, void, StepReport> step() {
+    if constexpr (device_counts) {
+      const PerTier<Hyperparameters> h = hyperparameters_at(has_schedule() ? steps() + 1 : 0);
+      gather_items();
+      engine_.step(items_, nonfinite_, settings(h));
+      if (max_grad_norm_ > 0) last_norm_known_ = false;
+      stepped();
+      if (nonfinite_ == NonFinitePolicy::raise) {
+        const StepReport& r = last_step();
+        if (!r.applied) throw NonFiniteGradientError(*r.nonfinite);
+      }
+    } else {
+      const PerTier<Hyperparameters> h = hyperparameters_at(steps_ + 1);
+      if (max_grad_norm_ > 0) last_norm_ = clip_grad_norm(max_grad_norm_);
+      items_.clear();
+      for (std::size_t i = 0; i < entries_.size(); ++i)
+        if (entries_[i].grad.present() && entries_[i].param.numel() > 0) items_.push_back(item(i, &h));
+      StepReport report;
+      if (std::optional<Offender> bad = engine_.step(items_, nonfinite_)) {
+        grad_scale_ = 1.0;
+        report.applied = false;
+        report.nonfinite = describe(*bad);
+        last_ = report;
+        if (nonfinite_ == NonFinitePolicy::raise) throw NonFiniteGradientError(*report.nonfinite);
+        return report;
+      }
+      for (const StepItem& it : items_) ++entries_[static_cast<std::size_t>(it.index)].step;
+      ++steps_;
       grad_scale_ = 1.0;
-      NonFiniteGradient r = describe(*bad);
-      if (nonfinite_ == NonFinitePolicy::raise) throw NonFiniteGradientError(std::move(r));
-      report.applied = false;
-      report.nonfinite = std::move(r);
+      last_ = report;
       return report;
     }
-    for (const StepItem& it : items_) ++entries_[static_cast<std::size_t>(it.index)].step;
-    ++steps_;
-    grad_scale_ = 1.0;
-    return report;
+  }
+
+  /// What the last step did (applied, or skipped and why); before any step,
+  /// an applied report. On the CUDA backend it waits for the device.
+  const StepReport& last_step() const {
+    if constexpr (device_counts) {
+      if (!last_known_) {
+        const std::optional<Offender> bad = engine_.outcome();
+        last_ = StepReport{};
+        if (bad) {
+          last_.applied = false;
+          last_.nonfinite = describe(*bad);
+        }
+        last_known_ = true;
+      }
+    }
+    return last_;
   }
 
   /// Number of step() calls applied so far.
-  std::int64_t steps() const noexcept { return steps_; }
+  std::int64_t steps() const noexcept(!device_counts) {
+    refresh_counts();
+    return steps_;
+  }
+
+  // ------------------------------------------------------ CUDA graphs
+  /// Records one step of the parameters that have a gradient now, for
+  /// replay(): a CUDA graph on the optimizer's stream (OptimizerOptions::
+  /// stream; the default stream cannot be captured). The capture itself
+  /// steps nothing. A replay reads the gradients' memory the capture saw,
+  /// the hyperparameters set at the time of the replay (set_lr between
+  /// replays works; a host lr schedule does not, as it needs the step count:
+  /// read the lr from device memory instead, set_lr_device) and the counts on
+  /// the device; it is refused once the optimizer's tables change (a
+  /// parameter added, a gradient's dtype changed, a state imported). Not
+  /// under NonFinitePolicy::raise, which needs the host inside every step.
+  auto capture_step() requires device_counts {
+    if (nonfinite_ == NonFinitePolicy::raise)
+      throw std::invalid_argument(
+          "nonfinite policy: raise needs the host inside every step; a captured step can skip_step or be unchecked");
+    check_no_schedule();
+    const PerTier<Hyperparameters> h = hyperparameters_at(0);
+    gather_items();
+    return engine_.capture(items_, nonfinite_, settings(h));
+  }
+  /// Runs a step captured by capture_step() on the optimizer's stream: one
+  /// more step, with the same report, counts and clipping as step().
+  template <class Graph>
+  void replay(const Graph& g) requires device_counts && std::same_as<Graph, typename engine_type::graph_type> {
+    if (g.policy() != nonfinite_)
+      throw std::invalid_argument("graph: captured under nonfinite policy " +
+                                  std::string(nonfinite_policy_name(g.policy())) + ", the optimizer's is now " +
+                                  std::string(nonfinite_policy_name(nonfinite_)) + " (capture again)");
+    if (g.clips_each_step() != (max_grad_norm_ > 0))
+      throw std::invalid_argument(std::string("graph: captured ") + (g.clips_each_step() ? "with" : "without") +
+                                  " max_grad_norm, which is now " + (max_grad_norm_ > 0 ? "set" : "off") +
+                                  " (capture again)");
+    check_no_schedule();
+    const PerTier<Hyperparameters> h = hyperparameters_at(0);
+    gather_items();
+    if (const std::optional<ReplayProblem> p = engine_.replay_problem(g, items_)) {
+      if (p->index < 0)
+        throw std::invalid_argument(
+            "graph: captured before the optimizer changed (a parameter added, a gradient's dtype changed or a state "
+            "imported); capture again");
+      throw std::invalid_argument("grad of '" + entries_[static_cast<std::size_t>(p->index)].name +
+                                  "': not the gradient the graph was captured with (a replay reads the same memory, "
+                                  "with the same dtype; capture again)");
+    }
+    engine_.replay(g, items_, settings(h));
+    if (max_grad_norm_ > 0) last_norm_known_ = false;
+    stepped();
+  }
+  /// From now on each tier's lr is read from lr[tier_index] in device memory
+  /// as each step (or replay) runs; null: from the hyperparameters again.
+  void set_lr_device(const double* lr) requires device_counts { engine_.set_lr_device(lr); }
+  /// Waits until every step enqueued so far has finished (device_counts).
+  void synchronize() const requires device_counts { engine_.synchronize(); }
 
   // ----------------------------------------------------------------- state
   /// Optimizer state bytes (SPEC section 2), total and per tier; sharded:
@@ -365,6 +496,7 @@ class Optimizer : public TierSettings {
   /// order; v_col holds c values per piece (factored).
   ParamStateView local_state(ParamId id) const requires sharded {
     ParamStateView v = engine_.view(index_of(id));
+    refresh_counts();
     v.step = entry(id).step;
     return v;
   }
@@ -388,8 +520,50 @@ class Optimizer : public TierSettings {
     ParamView param;
     GradView grad;
     std::uint32_t id = 0;    ///< rounding stream
-    std::int64_t step = 0;   ///< updates received
+    mutable std::int64_t step = 0;   ///< updates received (device_counts: once refresh_counts())
   };
+
+  /// device_counts: reads the counts from the device once they may have changed.
+  void refresh_counts() const {
+    if constexpr (device_counts) {
+      if (counts_known_) return;
+      std::vector<std::int64_t> c(entries_.size());
+      steps_ = engine_.counts(c);
+      for (std::size_t i = 0; i < entries_.size(); ++i) entries_[i].step = c[i];
+      counts_known_ = true;
+    }
+  }
+  /// After a step or replay was enqueued on a device_counts engine.
+  void stepped() noexcept {
+    counts_known_ = false;
+    last_known_ = false;
+    grad_scale_ = 1.0;
+  }
+  /// items_: every parameter with a gradient, without scalars (device_counts).
+  void gather_items() {
+    items_.clear();
+    for (std::size_t i = 0; i < entries_.size(); ++i)
+      if (entries_[i].grad.present() && entries_[i].param.numel() > 0) items_.push_back(item(i, nullptr));
+  }
+  StepSettings settings(const PerTier<Hyperparameters>& h) const {
+    StepSettings st;
+    for (Tier t : all_tiers) st.hyper[static_cast<std::size_t>(tier_index(t))] = h[t];
+    st.grad_scale = grad_scale_;
+    st.seed = seed_;
+    st.max_norm = max_grad_norm_;
+    return st;
+  }
+  static double checked_max_grad_norm(double x) {
+    if (x != 0.0 && (!(x > 0.0) || std::isnan(x)))
+      throw std::invalid_argument("max_grad_norm = " + std::to_string(x) + ": must be > 0 (0: off)");
+    return x;
+  }
+  void check_no_schedule() const {
+    if (has_schedule())
+      throw std::invalid_argument(
+          "lr schedule: a captured step cannot call a host function (it needs the step count); set_lr() between "
+          "replays, or read the lr from device memory (set_lr_device)");
+  }
 
   /// The step item of entry i (its scalars when `h` is given).
   StepItem item(std::size_t i, const PerTier<Hyperparameters>* h) const {
@@ -399,6 +573,7 @@ class Optimizer : public TierSettings {
     it.tier = e.tier;
     it.param = e.param;
     it.grad = e.grad;
+    it.key.tensor = e.id;
     if (h != nullptr) {
       const std::int64_t t = e.step + 1;
       it.scalars = make_step_scalars((*h)[e.tier], t, grad_scale_);
@@ -480,9 +655,15 @@ class Optimizer : public TierSettings {
   /// Registered parameters' memory: first byte -> (end, entry index).
   std::map<std::uintptr_t, std::pair<std::uintptr_t, index_t>> memory_;
   std::uint64_t seed_ = 0;
-  std::int64_t steps_ = 0;
+  mutable std::int64_t steps_ = 0;  ///< device_counts: once refresh_counts()
+  mutable bool counts_known_ = true;
+  mutable StepReport last_;
+  mutable bool last_known_ = true;
   double grad_scale_ = 1.0;
   NonFinitePolicy nonfinite_ = NonFinitePolicy::skip_step;
+  double max_grad_norm_ = 0;
+  mutable double last_norm_ = std::numeric_limits<double>::quiet_NaN();
+  mutable bool last_norm_known_ = true;
   /// Reused by every step; grows with the number of tensors, never with their size.
   std::vector<StepItem> items_;
 };

@@ -12,6 +12,9 @@ struct OptimizerOptions {
   std::uint64_t seed = 0x5eed5eedULL;  ///< stochastic-rounding seed
   int threads = 0;                      ///< CPU backend: threads per step (0: the hardware's count)
   NonFinitePolicy nonfinite = NonFinitePolicy::skip_step;  ///< see nonfinite.hpp
+  /// > 0: every step clips the global gradient norm to it, as
+  /// clip_grad_norm(max_grad_norm) before each step would (0: off).
+  double max_grad_norm = 0;
   /// CUDA backend: the cudaStream_t steps are ordered on (null: the default
   /// stream). Ignored by the CPU backend.
   void* stream = nullptr;

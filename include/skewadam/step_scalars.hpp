@@ -53,4 +53,13 @@ SKEWADAM_HD inline StepScalars make_step_scalars(const Hyperparameters& h, std::
   return s;
 }
 
+/// The factor global-norm clipping applies to the gradients as they are
+/// read, as torch.nn.utils.clip_grad_norm_ computes it:
+/// min(max_norm / (norm + 1e-6), 1), and 1 when the norm is not finite. (Also
+/// device code: the CUDA backend clips every step on the device.)
+SKEWADAM_HD inline double grad_clip_scale(double norm, double max_norm) {
+  const double scale = max_norm / (norm + 1e-6);
+  return ::isfinite(norm) && scale < 1.0 ? scale : 1.0;
+}
+
 }  // namespace skewadam

@@ -74,6 +74,12 @@ class TierSettings {
     return h;
   }
 
+  bool has_schedule() const noexcept {
+    for (Tier t : all_tiers)
+      if (schedules_[t]) return true;
+    return false;
+  }
+
   PerTier<Hyperparameters> hyper_;
   PerTier<Schedule> schedules_;
 };

@@ -1,7 +1,8 @@
 // The optimizer front-end over the CUDA backend and the CUDA runtime
 // (skewadam/cuda.cuh), on a GPU: every golden case, a non-finite gradient
 // skipped with its report, clipping, checkpoint round trips through the
-// file format, host memory refused. The same engine runs the whole contract
+// file format, a step captured in a CUDA graph and replayed, Eigen maps of
+// device memory, host memory refused. The same engine runs the whole contract
 // suite on the host through the emulated runtime
 // (tests/emulation/test_contract_cuda_emulated.cpp); this program checks the
 // runtime's part. Without a CUDA device it exits 77 (skipped).
@@ -18,6 +19,7 @@
 #include <skewadam/backend/cuda/device_buffer.cuh>
 #include <skewadam/checkpoint.hpp>
 #include <skewadam/cuda.cuh>
+#include <skewadam/eigen_view.hpp>
 #include <skewadam_tools/golden_case.hpp>
 
 #include "../support/golden_dirs.hpp"
@@ -64,7 +66,8 @@ TEST_CASE("front-end on the GPU: every golden case") {
         g.put(std::vector<float>(c.grads.data.begin() + t * n, c.grads.data.begin() + (t + 1) * n));
         opt.set_grad(id, TensorView<const float>(g.d.data(), shape));
         opt.set_lr(c.lr_schedule[static_cast<std::size_t>(t)]);
-        CHECK(opt.step().applied);
+        opt.step();
+        CHECK(opt.last_step().applied);
         const std::vector<float> now = p.get();
         r.params.insert(r.params.end(), now.begin(), now.end());
       }
@@ -84,12 +87,14 @@ TEST_CASE("front-end on the GPU: a non-finite gradient skips the step and names 
   DeviceFloats p(w), g(gw);
   const ParamId id = opt.add("w", Tier::backbone, TensorView<float>(p.d.data(), {300, 257}),
                              TensorView<const float>(g.d.data(), {300, 257}));
-  CHECK(opt.step().applied);
+  opt.step();
+  CHECK(opt.last_step().applied);
   const OptimizerState before = opt.export_state();
   const std::vector<float> p_before = p.get();
   gw[1234] = std::numeric_limits<float>::infinity();
   g.put(gw);
-  const StepReport r = opt.step();
+  opt.step();
+  const StepReport r = opt.last_step();
   CHECK_FALSE(r.applied);
   REQUIRE(r.nonfinite.has_value());
   CHECK(r.nonfinite->element == 1234);
@@ -114,6 +119,59 @@ TEST_CASE("front-end on the GPU: a checkpoint loads into the CPU format and back
   load_checkpoint(b, bytes);
   CHECK(b.steps() == 4);
   CHECK(b.export_state().params[0].state.v_col == a.export_state().params[0].state.v_col);
+}
+
+TEST_CASE("front-end on the GPU: a captured step replays as ordinary steps do, counts and skips included") {
+  cudaStream_t s = nullptr;
+  cu::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  {
+    std::vector<float> w(300 * 257, 0.5f), gw(w.size(), 0.01f);
+    DeviceFloats p1(w), p2(w), g(gw);
+    GpuOptimizer<> stepped(Hyperparameters{.lr = 1e-2}, {.stream = s});
+    GpuOptimizer<> replayed(Hyperparameters{.lr = 1e-2}, {.stream = s});
+    const TensorView<const float> gv(g.d.data(), {300, 257});
+    stepped.add("w", Tier::backbone, TensorView<float>(p1.d.data(), {300, 257}), gv);
+    replayed.add("w", Tier::backbone, TensorView<float>(p2.d.data(), {300, 257}), gv);
+    const auto graph = replayed.capture_step();
+    CHECK(replayed.steps() == 0);
+    for (int t = 1; t <= 4; ++t) {
+      for (std::size_t i = 0; i < gw.size(); ++i) gw[i] = 0.01f * static_cast<float>((i * 7 + t) % 13) - 0.06f;
+      if (t == 3) gw[77] = std::numeric_limits<float>::quiet_NaN();
+      cu::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+      g.put(gw);
+      if (t == 2) {
+        replayed.set_lr(5e-3);
+        stepped.set_lr(5e-3);
+      }
+      stepped.step();
+      replayed.replay(graph);
+      CHECK(replayed.last_step().applied == (t != 3));
+      CHECK(p2.get() == p1.get());
+    }
+    CHECK(replayed.steps() == 3);
+    CHECK(replayed.export_state().params[0].state.v_row == stepped.export_state().params[0].state.v_row);
+  }
+  cu::check(cudaStreamDestroy(s), "cudaStreamDestroy");
+}
+
+TEST_CASE("front-end on the GPU: Eigen maps of device memory register as any view does") {
+  using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  std::vector<float> w(32 * 16, 0.5f), gw(w.size(), 0.01f);
+  DeviceFloats p(w), q(w), g(gw);
+  Eigen::Map<Matrix> pm(p.d.data(), 32, 16);
+  Eigen::Map<const Matrix> gm(g.d.data(), 32, 16);
+  GpuOptimizer<> mapped(Hyperparameters{.lr = 1e-2});
+  GpuOptimizer<> viewed(Hyperparameters{.lr = 1e-2});
+  mapped.add("w", Tier::backbone, eigen_view(pm), eigen_view(gm));
+  viewed.add("w", Tier::backbone, TensorView<float>(q.d.data(), {32, 16}), TensorView<const float>(g.d.data(), {32, 16}));
+  for (int t = 0; t < 3; ++t) {
+    mapped.step();
+    viewed.step();
+  }
+  mapped.synchronize();
+  viewed.synchronize();
+  CHECK(p.get() == q.get());
+  CHECK(mapped.steps() == 3);
 }
 
 TEST_CASE("front-end on the GPU: host memory is refused, naming the parameter") {

@@ -1,14 +1,19 @@
 // The contract suite (support/contract_suite.hpp) over the CUDA engine
 // (placement/local_cuda.hpp) and the CUDA kernels, run on the host by the
 // emulated runtime (skewadam_tools/emulated_runtime.hpp): the whole GPU path above the CUDA
-// runtime's few calls, on machines without a GPU.
+// runtime's few calls, on machines without a GPU; and Eigen objects as its
+// parameters.
 
 #include <skewadam_tools/emulated_runtime.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include <skewadam/checkpoint.hpp>
+#include <skewadam/eigen_view.hpp>
 #include <skewadam/skewadam.hpp>
 
 namespace {
@@ -36,3 +41,19 @@ struct EmulatedCudaLocal {
 
 #define SKEWADAM_CONTRACT_CONFIGURATIONS EmulatedCudaLocal
 #include "contract_suite.hpp"
+
+TEST_CASE("CUDA engine, emulated: Eigen objects register as any view does") {
+  using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  Matrix w = Matrix::Constant(32, 16, 0.5f), g = Matrix::Constant(32, 16, 0.01f);
+  std::vector<float> v(w.data(), w.data() + w.size());
+  const std::vector<float> gv(g.data(), g.data() + g.size());
+  Optimizer<SkewAdamTiers, tools::EmulatedCuda> mapped(Hyperparameters{.lr = 1e-2}), viewed(Hyperparameters{.lr = 1e-2});
+  mapped.add("w", Tier::backbone, eigen_view(w), eigen_view(std::as_const(g)));
+  viewed.add("w", Tier::backbone, TensorView<float>(v.data(), {32, 16}), TensorView<const float>(gv.data(), {32, 16}));
+  for (int t = 0; t < 3; ++t) {
+    mapped.step();
+    viewed.step();
+  }
+  CHECK(std::equal(v.begin(), v.end(), w.data()));
+  CHECK(mapped.steps() == 3);
+}

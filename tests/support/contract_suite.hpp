@@ -17,9 +17,10 @@
 // between it and the CPU configuration, both ways, exactly; a resumed run
 // (export/import, and through a checkpoint file) repeats an uninterrupted
 // one bit for bit; a non-finite gradient skips the step with the same report
-// and changes nothing (raise: throws it); clipping equals stepping with
-// pre-scaled gradients, bit for bit; bad input is refused with a message
-// naming the argument and nothing changed.
+// (last_step()) and changes nothing (raise: step() throws it); clipping
+// equals stepping with pre-scaled gradients, bit for bit, and max_grad_norm
+// equals clip_grad_norm before each step; bad input is refused with a
+// message naming the argument and nothing changed.
 
 #ifndef SKEWADAM_CONTRACT_CONFIGURATIONS
 #error "define SKEWADAM_CONTRACT_CONFIGURATIONS before including contract_suite.hpp"
@@ -68,13 +69,7 @@ struct CpuLocal {
 };
 
 // ------------------------------------------------------------------- helpers
-PerTier<Hyperparameters> hyper() {
-  PerTier<Hyperparameters> h;
-  h.backbone = Hyperparameters{.lr = 1e-2, .weight_decay = 0.05};
-  h.experts = Hyperparameters{.lr = 2e-2, .weight_decay = 0.05, .clip_scope = ClipScope::matrix};
-  h.router = Hyperparameters{.lr = 5e-3, .beta2 = 0.9999};
-  return h;
-}
+PerTier<Hyperparameters> hyper() { return fixture::tier_hyper(); }
 
 template <class Config>
 auto make(NonFinitePolicy policy = NonFinitePolicy::skip_step) {
@@ -308,7 +303,8 @@ TEST_CASE_TEMPLATE("contract: a non-finite gradient skips the step, reports it, 
       poke_grad(t, at, bad);
       const Observed before = Observed::take(m, *opt);
       INFO("tensor ", t.name, ", value ", bad);
-      const StepReport r = opt->step();
+      opt->step();
+      const StepReport r = opt->last_step();
       CHECK_FALSE(r.applied);
       REQUIRE(r.nonfinite.has_value());
       CHECK(r.nonfinite->name == t.name);
@@ -320,7 +316,8 @@ TEST_CASE_TEMPLATE("contract: a non-finite gradient skips the step, reports it, 
       CHECK(opt->steps() == 2);
       // the repaired gradient steps as if nothing had happened
       set_grads(m, *opt, ids, 3);
-      CHECK(opt->step().applied);
+      opt->step();
+      CHECK(opt->last_step().applied);
       CHECK(opt->steps() == 3);
     }
   }
@@ -367,11 +364,52 @@ TEST_CASE_TEMPLATE("contract: clipping equals stepping with pre-scaled gradients
     const auto s = static_cast<float>(scale);
     for (std::size_t i = 0; i < b.tensors.size(); ++i)
       for (float& g : b.tensors[i].g32) g *= s;
-    REQUIRE(clipped->step().applied);
-    REQUIRE(scaled->step().applied);
+    clipped->step();
+    scaled->step();
+    REQUIRE(clipped->last_step().applied);
+    REQUIRE(scaled->last_step().applied);
     CHECK(clipped->pending_grad_scale() == 1.0);
   }
   CHECK(Observed::take(a, *clipped) == Observed::take(b, *scaled));
+}
+
+TEST_CASE_TEMPLATE("contract: max_grad_norm clips every step as clip_grad_norm before each step does, bit for bit",
+                   Config, SKEWADAM_CONTRACT_CONFIGURATIONS) {
+  INFO("configuration: ", Config::name);
+  fixture::Model a = fixture::Model::make(Dtype::bf16), b = a;
+  auto every = make<Config>();
+  auto manual = make<Config>();
+  const auto ia = a.register_with(*every);
+  const auto ib = b.register_with(*manual);
+  CHECK(std::isnan(every->last_grad_norm()));
+  every->set_max_grad_norm(0.75);
+  for (std::int64_t t = 1; t <= 4; ++t) {
+    CAPTURE(t);
+    set_grads(a, *every, ia, t);
+    set_grads(b, *manual, ib, t);
+    const double norm = manual->clip_grad_norm(0.75);
+    REQUIRE(manual->pending_grad_scale() < 1.0);  // the clip bites
+    manual->step();
+    every->step();
+    CHECK(every->last_grad_norm() == norm);
+    CHECK(every->pending_grad_scale() == 1.0);
+  }
+  CHECK(Observed::take(a, *every) == Observed::take(b, *manual));
+  every->set_max_grad_norm(0);  // off again: plain steps
+  set_grads(a, *every, ia, 5);
+  set_grads(b, *manual, ib, 5);
+  every->step();
+  manual->step();
+  CHECK(Observed::take(a, *every) == Observed::take(b, *manual));
+  for (double bad : {-1.0, std::nan("")}) {
+    try {
+      every->set_max_grad_norm(bad);
+      FAIL("accepted max_grad_norm = ", bad);
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()).find("max_grad_norm") != std::string::npos);
+    }
+    CHECK(every->max_grad_norm() == 0.0);
+  }
 }
 
 TEST_CASE_TEMPLATE("contract: bad input is refused, naming the argument, and nothing changes", Config,

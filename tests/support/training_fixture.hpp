@@ -160,16 +160,22 @@ struct Model {
   }
 };
 
-/// The per-tier settings the tests train with, an lr schedule on the backbone.
-template <class Opt>
-Opt make_optimizer(int threads, std::uint64_t seed = 1234,
-                   skewadam::NonFinitePolicy policy = skewadam::NonFinitePolicy::skip_step) {
+/// The per-tier hyperparameters the tests train with.
+inline skewadam::PerTier<skewadam::Hyperparameters> tier_hyper() {
   using namespace skewadam;
   PerTier<Hyperparameters> h;
   h.backbone = Hyperparameters{.lr = 1e-2, .weight_decay = 0.05};
   h.experts = Hyperparameters{.lr = 2e-2, .weight_decay = 0.05, .clip_scope = ClipScope::matrix};
   h.router = Hyperparameters{.lr = 5e-3, .beta2 = 0.9999};
-  Opt opt(h, OptimizerOptions{.seed = seed, .threads = threads, .nonfinite = policy});
+  return h;
+}
+
+/// An optimizer with those, and an lr schedule on the backbone.
+template <class Opt>
+Opt make_optimizer(int threads, std::uint64_t seed = 1234,
+                   skewadam::NonFinitePolicy policy = skewadam::NonFinitePolicy::skip_step) {
+  using namespace skewadam;
+  Opt opt(tier_hyper(), OptimizerOptions{.seed = seed, .threads = threads, .nonfinite = policy});
   opt.set_lr_schedule(Tier::backbone, WarmupCosine{.peak_lr = 1e-2, .warmup_steps = 2, .total_steps = 10});
   return opt;
 }

@@ -1,4 +1,5 @@
-// tools/common/skewadam_tools/cuda_runner.hpp on the CUDA optimizer.
+// tools/common/skewadam_tools/cuda_runner.hpp on the optimizer front-end over
+// the CUDA backend (skewadam/cuda.cuh).
 
 #include <skewadam_tools/cuda_runner.hpp>
 
@@ -6,11 +7,13 @@
 
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include <skewadam/backend/cuda/optimizer.cuh>
+#include <skewadam/backend/cuda/device_buffer.cuh>
+#include <skewadam/cuda.cuh>
 
 namespace skewadam::tools::cuda {
 
@@ -47,8 +50,7 @@ RunResult run_typed(const RunSpec& spec) {
     skewadam::cuda::Optimizer<TierRules<Rule, Rule, Rule>> opt(spec.hyper, {.seed = spec.seed, .stream = stream.s});
     const ParamId id = opt.add(spec.name, Tier::backbone, TensorView<T>(reinterpret_cast<T*>(p.data()), shape),
                                TensorView<const T>(reinterpret_cast<const T*>(g.data()), shape));
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
+    std::optional<typename decltype(opt)::engine_type::graph_type> graph;
     if (spec.graph) opt.set_lr_device(lr.data());
     for (std::int64_t t = 0; t < spec.steps; ++t) {
       const auto* src = static_cast<const std::uint8_t*>(spec.grads) + static_cast<std::size_t>(t) * bytes;
@@ -59,15 +61,10 @@ RunResult run_typed(const RunSpec& spec) {
         check(cudaMemcpyAsync(lr.data(), three, sizeof three, cudaMemcpyHostToDevice, stream.s), "cudaMemcpyAsync (lr)");
         check(cudaStreamSynchronize(stream.s), "cudaStreamSynchronize");
         if (t == 0) {
-          opt.step();  // uploads the tensor table; later steps replay a capture
+          opt.step();  // an ordinary step first; later steps replay a capture
         } else {
-          if (exec == nullptr) {
-            check(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-            opt.step();
-            check(cudaStreamEndCapture(stream.s, &graph), "cudaStreamEndCapture");
-            check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-          }
-          check(cudaGraphLaunch(exec, stream.s), "cudaGraphLaunch");
+          if (!graph) graph.emplace(opt.capture_step());
+          opt.replay(*graph);
         }
       } else {
         opt.set_lr(l);
@@ -78,10 +75,7 @@ RunResult run_typed(const RunSpec& spec) {
             "cudaMemcpyAsync (param)");
       check(cudaStreamSynchronize(stream.s), "cudaStreamSynchronize");
     }
-    if (exec) (void)cudaGraphExecDestroy(exec);
-    if (graph) (void)cudaGraphDestroy(graph);
-    out.state = opt.state(id);
-    if (spec.graph) out.state.step = spec.steps;  // replays are not counted on the host
+    out.state = opt.export_state().params[static_cast<std::size_t>(id.index)].state;
   };
   switch (spec.rule) {
     case RuleKind::backbone: go.template operator()<BackboneRule>(); break;

@@ -4,23 +4,30 @@
 // a step is a handful of kernel launches per group of tensors sharing a rule
 // and dtypes, enqueued on the optimizer's stream.
 //
-//   upload     the step's per-tensor values (TaskStep: scalars, rounding
-//              key; a few dozen bytes per tensor) and, when a gradient
-//              pointer changed, the tensor table; both from pageable memory,
-//              in stream order
+//   upload     only what changed since the last step, from pageable memory
+//              in stream order: the tensor table (a gradient pointer, a
+//              rounding stream) and the StepControl (hyperparameters, the
+//              global-norm scale, the seed); usually nothing
+//   clip       (max_grad_norm set) squares_kernel and total_kernel: the
+//              step's sum of g^2, from which begin_step_kernel forms the scale
+//   begin      begin_step_kernel (step_control.cuh): every stepped tensor's
+//              scalars and rounding key from its count on the device
 //   check      (unless NonFinitePolicy::unchecked) scan_kernel and
 //              decide_kernel (check_kernels.cuh): an offending gradient sets
-//              every tensor's skip flag on the device
+//              every tensor's skip flag and the step's outcome on the device
 //   groups     statistics, columns or finalize, apply (kernels.cuh), one
 //              launch each per group covering all of its tensors
+//   end        end_step_kernel: the counts of an applied step advance
 //
-// Registration allocates and synchronizes; unchecked steps never wait for the
-// device. A checked step reads the device's decision (a few bytes) before it
-// returns, so that the front-end can report it and count steps.
+// Registration allocates and synchronizes; a step never waits for the device
+// (the front-end reads counts and the outcome when it is asked for them).
+// Everything after the uploads can be captured in a CUDA graph (capture());
+// a replay is one more step, counted on the device like any other.
 //
 // Work lists are cut by shape only, when a tensor is registered; a tensor
 // changes group only when its gradient's dtype changes (fp32 or the
-// parameter's own), which rebuilds the lists once.
+// parameter's own), which rebuilds the lists once (and waits for the device,
+// as the old lists may still be read).
 
 #include <algorithm>
 #include <cstddef>
@@ -36,6 +43,7 @@
 #include "../backend/cuda/check_kernels.cuh"
 #include "../backend/cuda/cuda_backend.hpp"
 #include "../backend/cuda/kernels.cuh"
+#include "../backend/cuda/step_control.cuh"
 #include "../backend/cuda/work_lists.hpp"
 #include "../backend/gradient_check.hpp"
 #include "../config.hpp"
@@ -59,6 +67,7 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
   using DeviceTask = backend::cuda::DeviceTask;
   using TaskStep = backend::cuda::TaskStep;
   using GroupArrays = backend::cuda::GroupArrays;
+  using StepControl = backend::cuda::StepControl;
 
   /// A tensor's state arrays in device memory.
   struct DeviceState {
@@ -68,9 +77,36 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
  public:
   using backend_type = backend::CudaBackend<R>;
   using runtime = R;
-  using staged_type = std::vector<std::optional<DeviceState>>;
+  static constexpr bool counts_on_device = true;
 
-  explicit LocalEngine(const OptimizerOptions& options) : stream_(static_cast<Stream>(options.stream)) {}
+  /// An import's arrays and counts, in device memory until commit().
+  struct staged_type {
+    std::vector<std::optional<DeviceState>> states;
+    Array<std::int64_t> counts;
+  };
+
+  /// A step captured for replay, with what it was captured against.
+  class graph_type {
+    friend class LocalEngine;
+    typename R::graph_type graph_{};
+    std::uint64_t generation_ = 0;
+    std::vector<const void*> grads_;
+    NonFinitePolicy policy_ = NonFinitePolicy::skip_step;
+    bool clips_ = false;
+
+   public:
+    NonFinitePolicy policy() const noexcept { return policy_; }
+    /// Whether it clips the global gradient norm itself (StepSettings::max_norm).
+    bool clips_each_step() const noexcept { return clips_; }
+  };
+
+  explicit LocalEngine(const OptimizerOptions& options)
+      : stream_(static_cast<Stream>(options.stream)), control_d_(1), outcome_(1), clip_norm_sq_(1) {
+    tables_ = build_tables({0});
+    R::zero(outcome_.data(), outcome_.bytes(), stream_);
+    R::zero(clip_norm_sq_.data(), clip_norm_sq_.bytes(), stream_);
+    R::synchronize(stream_);
+  }
   LocalEngine(const LocalEngine&) = delete;
   LocalEngine& operator=(const LocalEngine&) = delete;
   ~LocalEngine() {
@@ -84,10 +120,19 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
 
   // -------------------------------------------------------------- stream
   /// From now on steps are ordered on s; waits for the steps enqueued so far.
+  /// (A graph captured before keeps running on the stream it is replayed on.)
   void set_stream(Stream s) {
     R::synchronize(stream_);
     stream_ = s;
   }
+  /// From now on each tier's lr is read from lr[tier_index] in device memory
+  /// as each step runs (so that a captured step follows it); null: from the
+  /// hyperparameters again.
+  void set_lr_device(const double* lr) {
+    if (lr != nullptr) R::check_device_memory(lr, "lr (device)");
+    lr_device_ = lr;
+  }
+  const double* lr_device() const noexcept { return lr_device_; }
   Stream stream() const noexcept { return stream_; }
   /// Waits until every enqueued step has finished.
   void synchronize() const { R::synchronize(stream_); }
@@ -149,12 +194,17 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
       if (sz.counters > 0) (void)zeroed(e.done, sz.counters);
       backend::cuda::place_scratch(d, e.factored, e.scratch_f.data(), e.scratch_d.data(), e.done.data());
     }
+    d.tier = tier_index(e.tier);
+    std::vector<std::int64_t> counts(tensors_.size() + 1);
+    R::to_host(counts.data(), tables_.counts.data(), tables_.counts.bytes(), stream_);
+    counts.insert(counts.end() - 1, 0);  // the new tensor's, before the optimizer's
     tensors_.push_back(std::move(e));
     try {
-      Tables next = build_tables();
+      Tables next = build_tables(counts);
       R::synchronize(stream_);  // the zeroing and the tables' uploads
       undo_ = std::move(tables_);
       tables_ = std::move(next);
+      ++generation_;
     } catch (...) {
       tensors_.pop_back();
       throw;
@@ -163,6 +213,7 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
   void pop_back() noexcept {
     tensors_.pop_back();
     tables_ = std::move(undo_);
+    ++generation_;
   }
 
   // ---------------------------------------------------------------- state
@@ -184,21 +235,34 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
     const DeviceState& have = tensors_[i].state;
     detail::check_array_sizes({have.m.size(), have.v.size(), have.v_row.size(), have.v_col.size()}, got, who);
   }
-  staged_type stage_begin() const { return staged_type(tensors_.size()); }
+  staged_type stage_begin() const {
+    staged_type s;
+    s.states.resize(tensors_.size());
+    return s;
+  }
   void stage(staged_type& staged, std::size_t i, ParamState&& full) const {
     DeviceState d;
     upload(d.m, full.m);
     upload(d.v, full.v);
     upload(d.v_row, full.v_row);
     upload(d.v_col, full.v_col);
-    staged[i] = std::move(d);
+    staged.states[i] = std::move(d);
+  }
+  void stage_counts(staged_type& staged, std::span<const std::int64_t> counts, std::int64_t steps) const {
+    std::vector<std::int64_t> all(counts.begin(), counts.end());
+    all.push_back(steps);
+    upload(staged.counts, all);
   }
   /// Swaps the staged arrays in (the old ones are freed with `staged`).
   void commit(staged_type&& staged) noexcept {
+    if (!staged.counts.empty()) {
+      std::swap(tables_.counts, staged.counts);
+      ++generation_;  // a graph reads the counts it was captured with
+    }
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
-      if (!staged[i]) continue;
+      if (!staged.states[i]) continue;
       Tensor& e = tensors_[i];
-      std::swap(e.state, *staged[i]);
+      std::swap(e.state, *staged.states[i]);
       for (DeviceTask* d : {&e.task, &tables_.tasks[i]}) {
         d->m = e.state.m.data();
         d->v = e.state.v.data();
@@ -216,7 +280,7 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
   // ---------------------------------------------------------------- step
   double grad_sum_squares(std::span<const StepItem> items) const {
     if (tables_.check_items.empty()) return 0.0;
-    upload_grad_tasks(items, false);
+    sync_grad_table(items);
     const Tables& t = tables_;
     R::template launch<&backend::cuda::squares_kernel<>>(grid(t.check_items.size()), backend::cuda::block_threads,
                                                           stream_, t.grad_tasks.data(), t.check_items.data(),
@@ -228,46 +292,76 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
     return sum;
   }
 
-  std::optional<Offender> step(std::span<const StepItem> items, NonFinitePolicy policy) {
-    regroup(items);
-    Tables& t = tables_;
-    grads_.assign(tensors_.size(), nullptr);
-    for (const StepItem& it : items) {
-      const auto i = static_cast<std::size_t>(it.index);
-      if (tensors_[i].numel == 0) continue;
-      grads_[i] = it.grad.data;
-      t.steps[i] = TaskStep{it.scalars, it.key, it.scope, 0};
-    }
-    for (std::size_t i = 0; i < tensors_.size(); ++i)
-      if (t.tasks[i].grad != grads_[i]) {
-        t.tasks[i].grad = grads_[i];
-        t.tasks_dirty = true;
-      }
-    if (t.tasks_dirty) {
-      R::to_device(t.d_tasks.data(), t.tasks.data(), t.tasks.size() * sizeof(DeviceTask), stream_);
-      t.tasks_dirty = false;
-    }
-    R::to_device(t.d_steps.data(), t.steps.data(), t.steps.size() * sizeof(TaskStep), stream_);
+  /// Enqueues one step; never waits for the device.
+  void step(std::span<const StepItem> items, NonFinitePolicy policy, const StepSettings& settings) {
+    prepare(items, settings);
+    enqueue(policy);
+  }
 
-    const bool checked = policy != NonFinitePolicy::unchecked && !t.check_items.empty();
-    if (checked) {
-      upload_grad_tasks(items, true);
-      R::template launch<&backend::cuda::scan_kernel<>>(grid(t.check_items.size()), backend::cuda::block_threads,
-                                                         stream_, t.grad_tasks.data(), t.check_items.data(),
-                                                         t.first.data(), t.value.data());
-      R::template launch<&backend::cuda::decide_kernel<>>(
-          1u, backend::cuda::block_threads, stream_, static_cast<const index_t*>(t.first.data()),
-          static_cast<const float*>(t.value.data()), static_cast<index_t>(t.first.size()),
-          static_cast<const WorkItem*>(t.check_items.data()), t.d_steps.data(), static_cast<int>(t.tasks.size()),
-          t.outcome.data());
-    }
-    for (const Group& g : t.groups) g.ops->launch(g.arrays, t.d_tasks.data(), t.d_steps.data(), stream_);
-    if (!checked) return std::nullopt;
-
+  /// Every tensor's count into out (size(): the tensors') and the applied-step
+  /// count; waits for the device.
+  std::int64_t counts(std::span<std::int64_t> out) const {
+    std::vector<std::int64_t> all(tensors_.size() + 1);
+    R::to_host(all.data(), tables_.counts.data(), all.size() * sizeof(std::int64_t), stream_);
+    std::copy(all.begin(), all.end() - 1, out.begin());
+    return all.back();
+  }
+  /// The sum of g^2 the last clipping step formed; waits for the device.
+  double clip_sum_squares() const {
+    double x = 0;
+    R::to_host(&x, clip_norm_sq_.data(), sizeof x, stream_);
+    return x;
+  }
+  /// The last step's first offender, when it was rejected; waits for the device.
+  std::optional<Offender> outcome() const {
     backend::cuda::CheckOutcome out;
-    R::to_host(&out, t.outcome.data(), sizeof out, stream_);
+    R::to_host(&out, outcome_.data(), sizeof out, stream_);
     if (!out.bad) return std::nullopt;
     return Offender{out.task, out.element, out.value};
+  }
+
+  // ------------------------------------------------------------ graphs
+  /// One step recorded for replay on this engine's stream (not the default
+  /// stream, which cannot be captured). What changed since the last step is
+  /// uploaded first, outside the graph.
+  graph_type capture(std::span<const StepItem> items, NonFinitePolicy policy, const StepSettings& settings) {
+    if (stream_ == Stream{})
+      throw std::invalid_argument(
+          "stream: a step on the default stream cannot be captured (build the optimizer with OptimizerOptions::stream)");
+    prepare(items, settings);
+    graph_type g;
+    g.generation_ = generation_;
+    g.grads_ = grads_;
+    g.policy_ = policy;
+    g.clips_ = settings.max_norm > 0;
+    R::begin_capture(stream_);
+    try {
+      enqueue(policy);
+      g.graph_ = R::end_capture(stream_);
+    } catch (...) {
+      R::abort_capture(stream_);
+      throw;
+    }
+    return g;
+  }
+  std::optional<ReplayProblem> replay_problem(const graph_type& g, std::span<const StepItem> items) const {
+    if (g.generation_ != generation_) return ReplayProblem{};
+    std::vector<const void*> grads(tensors_.size(), nullptr);
+    for (const StepItem& it : items) {
+      const auto i = static_cast<std::size_t>(it.index);
+      const Tensor& e = tensors_[i];
+      if (e.numel == 0) continue;
+      grads[i] = it.grad.data;
+      if (pick(e.tier, e.pdtype, it.grad.dtype, e.rank1) != e.ops) return ReplayProblem{it.index};
+    }
+    for (std::size_t i = 0; i < grads.size(); ++i)
+      if (grads[i] != g.grads_[i]) return ReplayProblem{static_cast<index_t>(i)};
+    return std::nullopt;
+  }
+  /// Runs a captured step (replay_problem() must have found nothing).
+  void replay(const graph_type& g, std::span<const StepItem> items, const StepSettings& settings) {
+    prepare(items, settings);  // uploads what changed (a rounding stream, the hyperparameters)
+    R::launch_graph(g.graph_, stream_);
   }
 
  private:
@@ -300,22 +394,22 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
     Array<unsigned> done;
   };
 
-  /// Everything a step reads besides the tensors' own arrays.
+  /// Everything a step reads besides the tensors' own arrays and the
+  /// engine's StepControl and outcome.
   struct Tables {
     std::vector<DeviceTask> tasks;  ///< what d_tasks holds, or will once uploaded (tasks_dirty)
     Array<DeviceTask> d_tasks;
     bool tasks_dirty = false;
-    std::vector<TaskStep> steps;    ///< host side of d_steps
-    Array<TaskStep> d_steps;
+    Array<TaskStep> d_steps;        ///< formed on the device by begin_step_kernel
+    Array<std::int64_t> counts;     ///< [n + 1]: each tensor's count, then the applied steps
     std::vector<Group> groups;
     Array<WorkItem> check_items;    ///< one per chunk of every tensor; item.block is its slot
-    mutable std::vector<backend::cuda::GradTask> host_grad_tasks;
+    mutable std::vector<backend::cuda::GradTask> host_grad_tasks;  ///< what grad_tasks holds
     Array<backend::cuda::GradTask> grad_tasks;
     Array<index_t> first;
     Array<float> value;
     Array<double> partial;
     Array<double> total;
-    Array<backend::cuda::CheckOutcome> outcome;
   };
 
   template <class Rule, class P, class G>
@@ -374,17 +468,98 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
     if (!v.empty()) R::to_device(d.data(), v.data(), d.bytes(), stream_);
   }
 
-  /// The gradient table of `items` (the others null), uploaded.
-  void upload_grad_tasks(std::span<const StepItem> items, bool scaled) const {
-    auto& h = tables_.host_grad_tasks;
-    h.assign(tensors_.size(), backend::cuda::GradTask{});
+  /// Uploads what a step of `items` needs that changed since the last one.
+  void prepare(std::span<const StepItem> items, const StepSettings& settings) {
+    regroup(items);
+    Tables& t = tables_;
+    grads_.assign(tensors_.size(), nullptr);
+    for (const StepItem& it : items)
+      if (tensors_[static_cast<std::size_t>(it.index)].numel > 0) grads_[static_cast<std::size_t>(it.index)] = it.grad.data;
+    for (const StepItem& it : items) {
+      DeviceTask& d = t.tasks[static_cast<std::size_t>(it.index)];
+      if (d.id != it.key.tensor) {
+        d.id = it.key.tensor;
+        t.tasks_dirty = true;
+      }
+    }
+    for (std::size_t i = 0; i < tensors_.size(); ++i)
+      if (t.tasks[i].grad != grads_[i]) {
+        t.tasks[i].grad = grads_[i];
+        t.tasks_dirty = true;
+      }
+    if (t.tasks_dirty) {
+      R::to_device(t.d_tasks.data(), t.tasks.data(), t.tasks.size() * sizeof(DeviceTask), stream_);
+      t.tasks_dirty = false;
+    }
+    sync_grad_table(items);
+    StepControl c;
+    for (int k = 0; k < tier_count; ++k) c.hyper[k] = settings.hyper[static_cast<std::size_t>(k)];
+    c.grad_scale = settings.grad_scale;
+    c.seed = settings.seed;
+    c.lr = lr_device_;
+    c.max_norm = settings.max_norm;
+    c.norm_sq = clip_norm_sq_.data();
+    if (!control_uploaded_ || !backend::cuda::same_control(c, control_)) {
+      R::to_device(control_d_.data(), &c, sizeof c, stream_);
+      control_ = c;
+      control_uploaded_ = true;
+    }
+  }
+
+  /// The launches of one step (nothing here copies or waits: it can be captured).
+  void enqueue(NonFinitePolicy policy) {
+    namespace cu = backend::cuda;
+    const Tables& t = tables_;
+    const int n = static_cast<int>(tensors_.size());
+    if (control_.max_norm > 0) {  // the step's sum of g^2, for begin_step_kernel's scale
+      if (!t.check_items.empty())
+        R::template launch<&cu::squares_kernel<>>(grid(t.check_items.size()), cu::block_threads, stream_,
+                                                  static_cast<const cu::GradTask*>(t.grad_tasks.data()),
+                                                  static_cast<const WorkItem*>(t.check_items.data()),
+                                                  t.partial.data());
+      R::template launch<&cu::total_kernel<>>(1u, cu::block_threads, stream_,
+                                              static_cast<const double*>(t.partial.data()),
+                                              static_cast<index_t>(t.check_items.size()), clip_norm_sq_.data());
+    }
+    R::template launch<&cu::begin_step_kernel<>>(grid(std::max<std::size_t>(1, (tensors_.size() + 127) / 128)), 128u,
+                                                 stream_, static_cast<const DeviceTask*>(t.d_tasks.data()),
+                                                 static_cast<const StepControl*>(control_d_.data()),
+                                                 static_cast<const std::int64_t*>(t.counts.data()), t.d_steps.data(), n,
+                                                 outcome_.data());
+    if (policy != NonFinitePolicy::unchecked && !t.check_items.empty()) {
+      R::template launch<&cu::scan_kernel<>>(grid(t.check_items.size()), cu::block_threads, stream_,
+                                             static_cast<const cu::GradTask*>(t.grad_tasks.data()),
+                                             static_cast<const TaskStep*>(t.d_steps.data()),
+                                             static_cast<const WorkItem*>(t.check_items.data()), t.first.data(),
+                                             t.value.data());
+      R::template launch<&cu::decide_kernel<>>(1u, cu::block_threads, stream_,
+                                               static_cast<const index_t*>(t.first.data()),
+                                               static_cast<const float*>(t.value.data()),
+                                               static_cast<index_t>(t.first.size()),
+                                               static_cast<const WorkItem*>(t.check_items.data()), t.d_steps.data(), n,
+                                               outcome_.data());
+    }
+    for (const Group& g : t.groups) g.ops->launch(g.arrays, t.d_tasks.data(), t.d_steps.data(), stream_);
+    R::template launch<&cu::end_step_kernel<>>(1u, cu::block_threads, stream_,
+                                               static_cast<const DeviceTask*>(t.d_tasks.data()), t.counts.data(), n,
+                                               static_cast<const cu::CheckOutcome*>(outcome_.data()));
+  }
+
+  /// The gradient table of `items` (the others null), uploaded when it changed.
+  void sync_grad_table(std::span<const StepItem> items) const {
+    std::vector<backend::cuda::GradTask> h(tensors_.size());
     for (const StepItem& it : items) {
       const Tensor& e = tensors_[static_cast<std::size_t>(it.index)];
       if (e.numel == 0) continue;
-      h[static_cast<std::size_t>(it.index)] = backend::cuda::GradTask{
-          it.grad.data, it.grad.dtype, scaled ? it.scalars.grad_scale : 1.0f, e.limit, e.geom.matrix_size()};
+      h[static_cast<std::size_t>(it.index)] =
+          backend::cuda::GradTask{it.grad.data, it.grad.dtype, e.limit, e.geom.matrix_size()};
     }
+    auto same = [](const backend::cuda::GradTask& a, const backend::cuda::GradTask& b) {
+      return a.grad == b.grad && a.dtype == b.dtype && a.limit == b.limit && a.matrix_size == b.matrix_size;
+    };
+    if (std::equal(h.begin(), h.end(), tables_.host_grad_tasks.begin(), tables_.host_grad_tasks.end(), same)) return;
     R::to_device(tables_.grad_tasks.data(), h.data(), h.size() * sizeof(h[0]), stream_);
+    tables_.host_grad_tasks = std::move(h);
   }
 
   /// Moves tensors whose gradient dtype changed to the group of the new one.
@@ -404,6 +579,7 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
     R::synchronize(stream_);  // the old lists may still be read
     std::vector<Group> groups = build_groups(ops);
     tables_.groups = std::move(groups);
+    ++generation_;
     for (std::size_t i = 0; i < tensors_.size(); ++i) tensors_[i].ops = ops[i];
   }
 
@@ -432,8 +608,9 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
     return groups;
   }
 
-  /// The tables of every registered tensor (registration; uploads in stream order).
-  Tables build_tables() const {
+  /// The tables of every registered tensor with these counts (n + 1:
+  /// registration; uploads in stream order).
+  Tables build_tables(const std::vector<std::int64_t>& counts) const {
     namespace cu = backend::cuda;
     Tables t;
     const std::size_t n = tensors_.size();
@@ -443,8 +620,8 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
       t.tasks[k].grad = nullptr;
     }
     upload(t.d_tasks, t.tasks);
-    t.steps.assign(n, TaskStep{});
-    upload(t.d_steps, t.steps);
+    upload(t.d_steps, std::vector<TaskStep>(n));
+    upload(t.counts, counts);
     std::vector<const GroupOps*> ops;
     for (const Tensor& e : tensors_) ops.push_back(e.ops);
     t.groups = build_groups(ops);
@@ -468,15 +645,21 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
     t.value = Array<float>(checks.size());
     t.partial = Array<double>(checks.size());
     t.total = Array<double>(1);
-    t.outcome = Array<cu::CheckOutcome>(1);
     return t;
   }
 
+  Stream stream_{};
   std::vector<Tensor> tensors_;
   Tables tables_;
   Tables undo_;  ///< the tables before the last add (pop_back)
   std::vector<const void*> grads_;  ///< reused by every step
-  Stream stream_{};
+  Array<StepControl> control_d_;
+  StepControl control_{};           ///< what control_d_ holds once control_uploaded_
+  bool control_uploaded_ = false;
+  Array<backend::cuda::CheckOutcome> outcome_;
+  Array<double> clip_norm_sq_;      ///< the last clipping step's sum of g^2
+  const double* lr_device_ = nullptr;
+  std::uint64_t generation_ = 0;    ///< changes whenever a captured graph would go stale
 };
 
 }  // namespace skewadam

@@ -6,8 +6,8 @@
 // one slot, and slots are in tensor order, then element order.
 //
 //   scan_kernel      slot k: the first offending element of chunk k (the
-//                    offends() of gradient_check.hpp, on the scaled value),
-//                    or -1
+//                    offends() of gradient_check.hpp, on the value scaled by
+//                    the step's TaskStep grad_scale), or -1
 //   decide_kernel    one block: the lowest offending slot is the step's first
 //                    offender (item order, then element order, as on the CPU);
 //                    when there is one it sets every tensor's TaskStep::skip,
@@ -32,7 +32,6 @@ namespace skewadam::backend::cuda {
 struct GradTask {
   const void* grad = nullptr;
   Dtype dtype = Dtype::f32;
-  float scale = 1.0f;   ///< global-norm scale of this step
   float limit = 0.0f;   ///< gradient_limit() of the tensor
   index_t matrix_size = 0;
 };
@@ -57,13 +56,13 @@ __device__ SKEWADAM_ALWAYS_INLINE float grad_value(const void* g, Dtype d, index
   return static_cast<const float*>(g)[o];
 }
 
-__device__ SKEWADAM_ALWAYS_INLINE bool grad_offends(const GradTask& t, index_t o) {
+__device__ SKEWADAM_ALWAYS_INLINE bool grad_offends(const GradTask& t, float scale, index_t o) {
   switch (t.dtype) {
-    case Dtype::bf16: return offends(static_cast<const bf16*>(t.grad)[o], t.scale, t.limit);
-    case Dtype::f16: return offends(static_cast<const f16*>(t.grad)[o], t.scale, t.limit);
+    case Dtype::bf16: return offends(static_cast<const bf16*>(t.grad)[o], scale, t.limit);
+    case Dtype::f16: return offends(static_cast<const f16*>(t.grad)[o], scale, t.limit);
     case Dtype::f32: break;
   }
-  return offends(static_cast<const float*>(t.grad)[o], t.scale, t.limit);
+  return offends(static_cast<const float*>(t.grad)[o], scale, t.limit);
 }
 
 /// The smallest x over the block; every thread gets it. Two __syncthreads():
@@ -89,24 +88,25 @@ inline constexpr index_t none = INT64_MAX;
 
 template <int = 0>
 __global__ void __launch_bounds__(block_threads)
-    scan_kernel(const GradTask* tasks, const WorkItem* items, index_t* first, float* value) {
+    scan_kernel(const GradTask* tasks, const TaskStep* steps, const WorkItem* items, index_t* first, float* value) {
   const WorkItem it = items[blockIdx.x];
   const GradTask t = tasks[it.task];
   if (t.grad == nullptr) {
     if (threadIdx.x == 0) first[it.block] = -1;
     return;
   }
+  const float scale = steps[it.task].s.grad_scale;
   const index_t base = it.matrix * t.matrix_size;
   index_t best = detail::none;
   for (index_t o = it.begin + threadIdx.x; o < it.end; o += blockDim.x)
-    if (detail::grad_offends(t, base + o)) {
+    if (detail::grad_offends(t, scale, base + o)) {
       best = base + o;  // strided: a thread's first hit is its smallest
       break;
     }
   best = detail::block_min(best);
   if (threadIdx.x == 0) {
     first[it.block] = best == detail::none ? -1 : best;
-    value[it.block] = best == detail::none ? 0.0f : detail::grad_value(t.grad, t.dtype, best) * t.scale;
+    value[it.block] = best == detail::none ? 0.0f : detail::grad_value(t.grad, t.dtype, best) * scale;
   }
 }
 

@@ -14,6 +14,12 @@
 //   R::check_device_memory(p, who)        std::invalid_argument naming who
 //                                         unless p is the runtime's memory
 //   R::template launch<&kernel<...>>(grid, threads, stream, args...)
+//   R::graph_type                         launches captured for replay
+//   R::begin_capture(stream)              from here on the stream's launches
+//                                         are recorded, not run; copies and
+//                                         waits are errors until
+//   R::end_capture(stream) -> graph_type  (or R::abort_capture(stream) noexcept)
+//   R::launch_graph(graph, stream)        runs the recorded launches again
 //
 // backend::cuda::DeviceRuntime (runtime.cuh, compiled by nvcc) is the CUDA
 // runtime; the emulated runtime (tools/common/skewadam_tools/
@@ -33,7 +39,8 @@ namespace cuda {
 
 /// The runtime members listed above (launch aside, which is a template).
 template <class R>
-concept Runtime = requires(void* p, const void* cp, std::size_t n, typename R::stream_type s, const std::string& who) {
+concept Runtime = requires(void* p, const void* cp, std::size_t n, typename R::stream_type s, const std::string& who,
+                           const typename R::graph_type& g) {
   { R::allocate(n) } -> std::same_as<void*>;
   { R::release(p) } noexcept;
   R::zero(p, n, s);
@@ -41,6 +48,10 @@ concept Runtime = requires(void* p, const void* cp, std::size_t n, typename R::s
   R::to_host(p, cp, n, s);
   R::synchronize(s);
   R::check_device_memory(cp, who);
+  R::begin_capture(s);
+  { R::end_capture(s) } -> std::same_as<typename R::graph_type>;
+  { R::abort_capture(s) } noexcept;
+  R::launch_graph(g, s);
 };
 
 /// n values of T in the runtime's memory; frees itself; movable, not copied.

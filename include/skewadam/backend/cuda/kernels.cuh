@@ -117,7 +117,7 @@ struct DeviceTask {
   void* param = nullptr;
   const void* grad = nullptr;  ///< null: no gradient this step (skipped)
   MatrixGeometry geom{};
-  int tier = 0;
+  int tier = 0;              ///< tier_index (which StepControl hyperparameters)
   std::uint32_t id = 0;      ///< rounding stream (FNV-1a of the name)
   index_t row_blocks = 1;    ///< factored: row blocks per matrix
   index_t chunks = 1;        ///< element-wise: chunks per matrix

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "cuda_backend.hpp"
 
@@ -37,8 +38,39 @@ inline int device_count() noexcept {
   return n;
 }
 
+/// An instantiated CUDA graph; destroys itself; movable, not copied.
+class Graph {
+ public:
+  Graph() = default;
+  Graph(cudaGraph_t g, cudaGraphExec_t e) noexcept : graph_(g), exec_(e) {}
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  Graph(Graph&& o) noexcept : graph_(std::exchange(o.graph_, nullptr)), exec_(std::exchange(o.exec_, nullptr)) {}
+  Graph& operator=(Graph&& o) noexcept {
+    if (this != &o) {
+      reset();
+      graph_ = std::exchange(o.graph_, nullptr);
+      exec_ = std::exchange(o.exec_, nullptr);
+    }
+    return *this;
+  }
+  ~Graph() { reset(); }
+  cudaGraphExec_t exec() const noexcept { return exec_; }
+  void reset() noexcept {
+    if (exec_ != nullptr) (void)cudaGraphExecDestroy(exec_);
+    if (graph_ != nullptr) (void)cudaGraphDestroy(graph_);
+    exec_ = nullptr;
+    graph_ = nullptr;
+  }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 struct DeviceRuntime {
   using stream_type = cudaStream_t;
+  using graph_type = Graph;
 
   static void* allocate(std::size_t bytes) {
     void* p = nullptr;
@@ -66,6 +98,28 @@ struct DeviceRuntime {
     if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
       throw std::invalid_argument(who + ": host memory; the CUDA backend needs device or managed memory");
   }
+
+  /// Stream capture (thread-local mode: other threads' CUDA calls are not
+  /// affected); end_capture() instantiates what was captured.
+  static void begin_capture(cudaStream_t s) {
+    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  }
+  static Graph end_capture(cudaStream_t s) {
+    cudaGraph_t g = nullptr;
+    check(cudaStreamEndCapture(s, &g), "cudaStreamEndCapture");
+    cudaGraphExec_t e = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&e, g, 0);
+    if (err != cudaSuccess) (void)cudaGraphDestroy(g);
+    check(err, "cudaGraphInstantiate");
+    return Graph(g, e);
+  }
+  /// Ends a capture that failed part way, discarding it.
+  static void abort_capture(cudaStream_t s) noexcept {
+    cudaGraph_t g = nullptr;
+    if (cudaStreamEndCapture(s, &g) == cudaSuccess && g != nullptr) (void)cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+  }
+  static void launch_graph(const Graph& g, cudaStream_t s) { check(cudaGraphLaunch(g.exec(), s), "cudaGraphLaunch"); }
 
   template <auto Kernel, class... Args>
   static void launch(unsigned grid, unsigned threads, cudaStream_t s, Args... args) {

@@ -8,8 +8,7 @@
 //   columns   factored: blocks of column_block columns (the columns pass)
 //   applies   factored: row blocks of the update; element-wise: the units
 //
-// Both CUDA drivers build them here: the front-end's engine
-// (placement/local_cuda.hpp) and the standalone driver (optimizer.cuh).
+// The front-end's engine (placement/local_cuda.hpp) builds them here.
 
 #include <algorithm>
 #include <cstddef>
