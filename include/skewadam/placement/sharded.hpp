@@ -30,6 +30,9 @@
 // one process does, within the golden tolerances. Stochastic rounding uses
 // each element's index in the whole tensor, as one process does.
 //
+// Export, import and gather_params move arrays between the ranks' shares and
+// complete tensors through dist/shard_transfer.hpp.
+//
 // Each rank runs its pieces (one per matrix slice it owns) on the optimizer's
 // threads, a piece per thread at a time; pieces are independent, so the bits
 // do not depend on the thread count. A single large piece runs on one thread.
@@ -60,6 +63,7 @@
 #include "../config.hpp"
 #include "../dist/communicator.hpp"
 #include "../dist/shard_plan.hpp"
+#include "../dist/shard_transfer.hpp"
 #include "../dtype.hpp"
 #include "../engine.hpp"
 #include "../nonfinite.hpp"
@@ -153,14 +157,14 @@ class ShardedEngine<Tiers, backend::CpuBackend<Arch>, Comm> {
   ParamState export_arrays(std::size_t i) const {
     const Entry& e = entries_[i];
     ParamState s;
-    s.m = gather_array(e, Array::m);
-    s.v = gather_array(e, Array::v);
-    s.v_row = gather_array(e, Array::v_row);
-    s.v_col = gather_array(e, Array::v_col);
+    s.m = gather_array(e, ShardArray::m);
+    s.v = gather_array(e, ShardArray::v);
+    s.v_row = gather_array(e, ShardArray::v_row);
+    s.v_col = gather_array(e, ShardArray::v_col);
     return s;
   }
   void check_arrays(std::size_t i, const ParamState& got, const std::string& who) const {
-    const FullSizes want = full_sizes(entries_[i]);
+    const FullSizes want = full_sizes(entries_[i].split, entries_[i].momentum);
     detail::check_array_sizes({want.m, want.v, want.v_row, want.v_col}, got, who);
   }
   staged_type stage_begin() const { return staged_type(entries_.size()); }
@@ -168,10 +172,10 @@ class ShardedEngine<Tiers, backend::CpuBackend<Arch>, Comm> {
   void stage(staged_type& staged, std::size_t i, ParamState&& full) const {
     const Entry& e = entries_[i];
     ParamState& l = staged[i];
-    l.m = slice_of(e, Array::m, full.m);
-    l.v = slice_of(e, Array::v, full.v);
-    l.v_row = slice_of(e, Array::v_row, full.v_row);
-    l.v_col = slice_of(e, Array::v_col, full.v_col);
+    l.m = share_of(e.split, rank(), ShardArray::m, full.m);
+    l.v = share_of(e.split, rank(), ShardArray::v, full.v);
+    l.v_row = share_of(e.split, rank(), ShardArray::v_row, full.v_row);
+    l.v_col = share_of(e.split, rank(), ShardArray::v_col, full.v_col);
   }
   void commit(std::vector<ParamState>&& staged) noexcept {
     for (std::size_t i = 0; i < entries_.size(); ++i) std::swap(entries_[i].state, staged[i]);
@@ -183,9 +187,7 @@ class ShardedEngine<Tiers, backend::CpuBackend<Arch>, Comm> {
     if (e.split.geom.numel() == 0 || ranks() == 1) return;
     const std::size_t elem = static_cast<std::size_t>(dtype_size(param.dtype));
     auto* data = static_cast<std::byte*>(param.data);
-    // gather_bytes copies into `data` after the exchange; the source slices
-    // are this rank's own and are not overwritten by other ranks' segments
-    gather_bytes(e, Array::param, data, elem, data);
+    gather_shards(*comm_, e.split, ShardArray::param, data, elem, data);
   }
 
   // ----------------------------------------------------------------- step
@@ -232,12 +234,6 @@ class ShardedEngine<Tiers, backend::CpuBackend<Arch>, Comm> {
   }
 
  private:
-  enum class Array { m, v, v_row, v_col, param };
-
-  struct FullSizes {
-    std::size_t m = 0, v = 0, v_row = 0, v_col = 0;
-  };
-
   struct Entry {
     TensorSplit split;
     std::vector<Piece> pieces;
@@ -310,21 +306,6 @@ class ShardedEngine<Tiers, backend::CpuBackend<Arch>, Comm> {
     e.matrices.assign(e.pieces.size(), backend::MatrixScratch{});
     e.piece_u2.assign(e.pieces.size(), 0.0);
     e.piece_r.assign(e.pieces.size(), 0.0);
-  }
-
-  FullSizes full_sizes(const Entry& e) const {
-    FullSizes s;
-    const MatrixGeometry& g = e.split.geom;
-    const auto n = static_cast<std::size_t>(g.numel());
-    if (n == 0) return s;
-    if (e.momentum) s.m = n;
-    if (e.split.factored) {
-      s.v_row = static_cast<std::size_t>(g.batch * g.rows);
-      s.v_col = static_cast<std::size_t>(g.batch * g.cols);
-    } else {
-      s.v = n;
-    }
-    return s;
   }
 
   // ---------------------------------------------------------- the step
@@ -647,114 +628,24 @@ class ShardedEngine<Tiers, backend::CpuBackend<Arch>, Comm> {
     });
   }
 
-  // ---------------------------------------------------------- gathers
-  /// (offset, count) of every segment rank `rank` holds of an array, in the
-  /// order of its local storage. For v_col only the first owner of each
-  /// matrix is listed when `gathering` (the others hold copies).
-  std::vector<std::pair<index_t, index_t>> segments(const Entry& e, int rank, Array a, bool gathering) const {
-    std::vector<std::pair<index_t, index_t>> out;
-    const MatrixGeometry& g = e.split.geom;
-    const std::vector<Piece> pieces = rank == this->rank() ? e.pieces : e.split.pieces(rank);
-    for (const Piece& p : pieces) {
-      switch (a) {
-        case Array::m:
-        case Array::v:
-        case Array::param: out.emplace_back(e.split.first_element(p), e.split.elements(p)); break;
-        case Array::v_row: out.emplace_back(p.matrix * g.rows + p.begin, p.size()); break;
-        case Array::v_col:
-          if (!gathering || e.split.first_owner(p.matrix) == rank) out.emplace_back(p.matrix * g.cols, g.cols);
-          break;
-      }
-    }
-    return out;
-  }
-
-  bool keeps(const Entry& e, Array a) const {
-    switch (a) {
-      case Array::m: return e.momentum;
-      case Array::v: return !e.split.factored;
-      case Array::v_row:
-      case Array::v_col: return e.split.factored;
-      case Array::param: return true;
-    }
-    return false;
-  }
-
-  /// Gathers one array (full size) from every rank's pieces; bytes of
-  /// `elem` each. `local` is this rank's storage, pieces concatenated.
-  void gather_bytes(const Entry& e, Array a, const std::byte* local, std::size_t elem, std::byte* full) const {
-    const int n = ranks();
-    std::vector<std::size_t> counts(static_cast<std::size_t>(n));
-    std::vector<std::vector<std::pair<index_t, index_t>>> segs(static_cast<std::size_t>(n));
-    for (int k = 0; k < n; ++k) {
-      segs[static_cast<std::size_t>(k)] = segments(e, k, a, true);
-      std::size_t c = 0;
-      for (auto [off, len] : segs[static_cast<std::size_t>(k)]) c += static_cast<std::size_t>(len) * elem;
-      counts[static_cast<std::size_t>(k)] = c;
-    }
-    // this rank's contribution in segment order
-    std::vector<std::byte> mine(counts[static_cast<std::size_t>(rank())]);
-    {
-      std::size_t at = 0;
-      if (a == Array::v_col) {
-        // local v_col holds c per piece; take the listed ones
-        const MatrixGeometry& g = e.split.geom;
-        for (std::size_t q = 0; q < e.pieces.size(); ++q) {
-          if (e.split.first_owner(e.pieces[q].matrix) != rank()) continue;
-          const std::size_t bytes = static_cast<std::size_t>(g.cols) * elem;
-          std::memcpy(mine.data() + at, local + q * bytes, bytes);
-          at += bytes;
-        }
-      } else if (a == Array::param) {
-        for (auto [off, len] : segs[static_cast<std::size_t>(rank())]) {
-          const std::size_t bytes = static_cast<std::size_t>(len) * elem;
-          std::memcpy(mine.data() + at, local + static_cast<std::size_t>(off) * elem, bytes);
-          at += bytes;
-        }
-      } else if (!mine.empty()) {
-        std::memcpy(mine.data(), local, mine.size());
-      }
-    }
-    std::size_t total = 0;
-    for (std::size_t c : counts) total += c;
-    std::vector<std::byte> all(total);
-    comm_->all_gather_v(std::span<const std::byte>(mine), std::span<std::byte>(all),
-                        std::span<const std::size_t>(counts));
-    std::size_t at = 0;
-    for (int k = 0; k < n; ++k)
-      for (auto [off, len] : segs[static_cast<std::size_t>(k)]) {
-        const std::size_t bytes = static_cast<std::size_t>(len) * elem;
-        std::memcpy(full + static_cast<std::size_t>(off) * elem, all.data() + at, bytes);
-        at += bytes;
-      }
-  }
-
-  std::vector<float> gather_array(const Entry& e, Array a) const {
+  // ---------------------------------------------------------- transfers
+  /// A complete state array of e, gathered from its owners (collective).
+  std::vector<float> gather_array(const Entry& e, ShardArray a) const {
     std::vector<float> full;
-    if (!keeps(e, a) || e.split.geom.numel() == 0) return full;
-    const FullSizes s = full_sizes(e);
+    if (!shard_keeps(e.split, e.momentum, a) || e.split.geom.numel() == 0) return full;
+    const FullSizes s = full_sizes(e.split, e.momentum);
     const std::vector<float>* local = nullptr;
     switch (a) {
-      case Array::m: full.resize(s.m); local = &e.state.m; break;
-      case Array::v: full.resize(s.v); local = &e.state.v; break;
-      case Array::v_row: full.resize(s.v_row); local = &e.state.v_row; break;
-      case Array::v_col: full.resize(s.v_col); local = &e.state.v_col; break;
-      case Array::param: return full;
+      case ShardArray::m: full.resize(s.m); local = &e.state.m; break;
+      case ShardArray::v: full.resize(s.v); local = &e.state.v; break;
+      case ShardArray::v_row: full.resize(s.v_row); local = &e.state.v_row; break;
+      case ShardArray::v_col: full.resize(s.v_col); local = &e.state.v_col; break;
+      case ShardArray::param: return full;
     }
-    gather_bytes(e, a, reinterpret_cast<const std::byte*>(local->data()), sizeof(float),
-                 reinterpret_cast<std::byte*>(full.data()));
+    gather_shards(*comm_, e.split, a, reinterpret_cast<const std::byte*>(local->data()), sizeof(float),
+           reinterpret_cast<std::byte*>(full.data()));
     return full;
   }
-
-  /// This rank's share of a full array.
-  std::vector<float> slice_of(const Entry& e, Array a, const std::vector<float>& full) const {
-    std::vector<float> out;
-    if (full.empty()) return out;
-    for (auto [off, len] : segments(e, rank(), a, false))
-      out.insert(out.end(), full.begin() + off, full.begin() + off + len);
-    return out;
-  }
-
 
   Comm* comm_;
   ShardOptions shard_;
