@@ -20,6 +20,26 @@
 //                           gradient offends; the first offender (in item order,
 //                           then element order) is returned. May throw
 //                           std::invalid_argument before changing anything.
+//   grad_sum_squares(items) sum of g^2 over the listed gradients, in double, in
+//                           an order fixed by the shapes (and rank count).
+//   export_arrays(i)        host copy of tensor i's complete state arrays.
+//   check_arrays(i, s, who) throws std::invalid_argument (naming who) unless s
+//                           has exactly the arrays tensor i keeps.
+//   stage_begin(), stage(staged, i, s), commit(staged)
+//                           import in two halves: stage() takes tensor i's
+//                           complete arrays into a staged_type (this process's
+//                           share of them; it may allocate and throw), one
+//                           tensor at a time, so that a sharded import never
+//                           holds more than one complete tensor; commit()
+//                           swaps the staged state in, noexcept.
+//   state_bytes(i)          optimizer-state bytes this process holds of tensor i.
+//   host_memory             whether parameters and state are in host memory;
+//                           when not, read_memory(dst, src, n) and
+//                           write_memory(dst, src, n) copy parameter bytes to
+//                           and from the host (checkpoints' parameter values),
+//                           and host_arrays(i) is a host copy of tensor i's
+//                           state (else a view of it).
+//   set_threads(n), threads()
 //
 // An engine whose step counts live on its device (counts_on_device: the CUDA
 // engine) steps without waiting for it, so the host learns a step's outcome
@@ -45,26 +65,6 @@
 //                           why `graph` cannot run with these items, if it cannot
 //   replay(graph, items, settings)
 //                           runs it: one more step, counted on the device
-//   grad_sum_squares(items) sum of g^2 over the listed gradients, in double, in
-//                           an order fixed by the shapes (and rank count).
-//   export_arrays(i)        host copy of tensor i's complete state arrays.
-//   check_arrays(i, s, who) throws std::invalid_argument (naming who) unless s
-//                           has exactly the arrays tensor i keeps.
-//   stage_begin(), stage(staged, i, s), commit(staged)
-//                           import in two halves: stage() takes tensor i's
-//                           complete arrays into a staged_type (this process's
-//                           share of them; it may allocate and throw), one
-//                           tensor at a time, so that a sharded import never
-//                           holds more than one complete tensor; commit()
-//                           swaps the staged state in, noexcept.
-//   state_bytes(i)          optimizer-state bytes this process holds of tensor i.
-//   host_memory             whether parameters and state are in host memory;
-//                           when not, read_memory(dst, src, n) and
-//                           write_memory(dst, src, n) copy parameter bytes to
-//                           and from the host (checkpoints' parameter values),
-//                           and host_arrays(i) is a host copy of tensor i's
-//                           state (else a view of it).
-//   set_threads(n), threads()
 //
 // A placement decides what of each tensor a process holds and adds the
 // exchanges between the passes (placement/local.hpp: everything, no exchange;
