@@ -40,7 +40,6 @@
 
 #include <array>
 #include <cmath>
-#include <concepts>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -75,6 +74,20 @@
 
 namespace skewadam {
 
+namespace detail {
+/// An engine's graph_type, or an empty stand-in for engines without graphs.
+struct NoGraph {};
+template <class E>
+struct graph_of {
+  using type = NoGraph;
+};
+template <class E>
+  requires requires { typename E::graph_type; }
+struct graph_of<E> {
+  using type = typename E::graph_type;
+};
+}  // namespace detail
+
 template <class Tiers = SkewAdamTiers, class Backend = backend::DefaultBackend, class Placement = Local>
 class Optimizer : public TierSettings {
  public:
@@ -90,6 +103,8 @@ class Optimizer : public TierSettings {
   /// Whether step counts live on the device (the CUDA engine): step() then
   /// returns nothing and does not wait, last_step() reads the outcome.
   static constexpr bool device_counts = counts_on_device<engine_type>;
+  /// A step captured by capture_step() (device_counts; else an empty type).
+  using StepGraph = typename detail::graph_of<engine_type>::type;
 
   // ------------------------------------------------------------ construction
   Optimizer() requires(!sharded) : Optimizer(Hyperparameters{}) {}
@@ -421,7 +436,7 @@ class Optimizer : public TierSettings {
   /// the device; it is refused once the optimizer's tables change (a
   /// parameter added, a gradient's dtype changed, a state imported). Not
   /// under NonFinitePolicy::raise, which needs the host inside every step.
-  auto capture_step() requires device_counts {
+  StepGraph capture_step() requires device_counts {
     if (nonfinite_ == NonFinitePolicy::raise)
       throw std::invalid_argument(
           "nonfinite policy: raise needs the host inside every step; a captured step can skip_step or be unchecked");
@@ -432,8 +447,7 @@ class Optimizer : public TierSettings {
   }
   /// Runs a step captured by capture_step() on the optimizer's stream: one
   /// more step, with the same report, counts and clipping as step().
-  template <class Graph>
-  void replay(const Graph& g) requires device_counts && std::same_as<Graph, typename engine_type::graph_type> {
+  void replay(const StepGraph& g) requires device_counts {
     if (g.policy() != nonfinite_)
       throw std::invalid_argument("graph: captured under nonfinite policy " +
                                   std::string(nonfinite_policy_name(g.policy())) + ", the optimizer's is now " +

@@ -50,7 +50,7 @@ RunResult run_typed(const RunSpec& spec) {
     skewadam::cuda::Optimizer<TierRules<Rule, Rule, Rule>> opt(spec.hyper, {.seed = spec.seed, .stream = stream.s});
     const ParamId id = opt.add(spec.name, Tier::backbone, TensorView<T>(reinterpret_cast<T*>(p.data()), shape),
                                TensorView<const T>(reinterpret_cast<const T*>(g.data()), shape));
-    std::optional<typename decltype(opt)::engine_type::graph_type> graph;
+    std::optional<typename decltype(opt)::StepGraph> graph;
     if (spec.graph) opt.set_lr_device(lr.data());
     for (std::int64_t t = 0; t < spec.steps; ++t) {
       const auto* src = static_cast<const std::uint8_t*>(spec.grads) + static_cast<std::size_t>(t) * bytes;
