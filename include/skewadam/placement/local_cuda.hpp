@@ -43,6 +43,7 @@
 #include "../backend/cuda/check_kernels.cuh"
 #include "../backend/cuda/cuda_backend.hpp"
 #include "../backend/cuda/kernels.cuh"
+#include "../backend/cuda/passes.hpp"
 #include "../backend/cuda/step_control.cuh"
 #include "../backend/cuda/work_lists.hpp"
 #include "../backend/gradient_check.hpp"
@@ -365,11 +366,8 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
   }
 
  private:
-  /// The launches of one (rule, parameter dtype, gradient dtype).
-  struct GroupOps {
-    bool factored = false;
-    void (*launch)(const GroupArrays&, const DeviceTask*, const TaskStep*, Stream) = nullptr;
-  };
+  /// The passes of one (rule, parameter dtype, gradient dtype).
+  using GroupOps = backend::cuda::GroupPasses<R>;
 
   struct Group {
     const GroupOps* ops = nullptr;
@@ -412,36 +410,9 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
     Array<double> total;
   };
 
-  template <class Rule, class P, class G>
-  static void launch_group(const GroupArrays& g, const DeviceTask* tasks, const TaskStep* steps, Stream s) {
-    namespace cu = backend::cuda;
-    using S = typename Rule::second_moment;
-    using C = typename Rule::clip;
-    if (g.n_units == 0) return;
-    const auto n = [](std::int32_t k) { return static_cast<unsigned>(k); };
-    R::template launch<&cu::statistics_kernel<Rule, P, G>>(n(g.n_units), cu::block_threads, s, tasks, steps,
-                                                            g.units);
-    if constexpr (S::factored) {
-      // also forms the clip divisors (the last block of each tensor)
-      R::template launch<&cu::columns_kernel<Rule, P, G>>(n(g.n_columns), cu::block_threads, s, tasks, steps,
-                                                           g.columns);
-    } else if constexpr (C::active) {
-      R::template launch<&cu::finalize_kernel<Rule, P, G>>(n((g.n_tasks + 127) / 128), 128u, s, tasks, steps,
-                                                            g.tasks, static_cast<int>(g.n_tasks));
-    }
-    if constexpr (S::factored || C::active)
-      R::template launch<&cu::apply_kernel<Rule, P, G>>(n(g.n_applies), static_cast<unsigned>(cu::apply_threads), s,
-                                                         tasks, steps, g.applies);
-  }
-
-  template <class Rule, class P, class G>
-  static const GroupOps* group_ops() {
-    static const GroupOps ops{Rule::second_moment::factored, &launch_group<Rule, P, G>};
-    return &ops;
-  }
   static const GroupOps* pick(Tier t, Dtype p, Dtype g, bool rank1) {
     return visit_rule<Tiers>(t, rank1, [&]<class Rule>() {
-      return visit_dtypes(p, g, []<class P, class G>() { return group_ops<Rule, P, G>(); });
+      return visit_dtypes(p, g, []<class P, class G>() { return backend::cuda::passes_of<R, Rule, P, G>(); });
     });
   }
 
@@ -539,7 +510,7 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
                                                static_cast<const WorkItem*>(t.check_items.data()), t.d_steps.data(), n,
                                                outcome_.data());
     }
-    for (const Group& g : t.groups) g.ops->launch(g.arrays, t.d_tasks.data(), t.d_steps.data(), stream_);
+    for (const Group& g : t.groups) g.ops->run_all(g.arrays, t.d_tasks.data(), t.d_steps.data(), stream_);
     R::template launch<&cu::end_step_kernel<>>(1u, cu::block_threads, stream_,
                                                static_cast<const DeviceTask*>(t.d_tasks.data()), t.counts.data(), n,
                                                static_cast<const cu::CheckOutcome*>(outcome_.data()));

@@ -39,6 +39,10 @@
 //               (a counter, reset by that block) forms the matrix's
 //               sum u^2 = vbar * sum_j(...) + floored, in column order; the
 //               last matrix of a tensor forms the clip divisors.
+//   (sharded)   a piece of a matrix cut between ranks (shard_sums): after
+//               the statistics, shard_sums_kernel forms this rank's column
+//               sums and sum of R_i; the placement exchanges them, and the
+//               columns pass forms C_j and vbar from the totals
 //   apply       one block per row block, last row first (so that the second
 //               read of the gradient finds the rows the statistics pass read
 //               last still in L2): p <- round(p * decay - n * (a_i * w_j)).
@@ -121,6 +125,19 @@ struct DeviceTask {
   std::uint32_t id = 0;      ///< rounding stream (FNV-1a of the name)
   index_t row_blocks = 1;    ///< factored: row blocks per matrix
   index_t chunks = 1;        ///< element-wise: chunks per matrix
+  /// Flat index in the whole tensor of this task's element 0 (a sharded
+  /// placement's piece): stochastic rounding's position. 0 for a whole tensor.
+  index_t element_base = 0;
+  /// A sharded placement's piece of a matrix cut between ranks (else null):
+  /// per matrix, c column sums of g^2 then the sum of R_i, in double;
+  /// shard_sums_kernel writes this rank's, the placement replaces them with
+  /// the totals over ranks, from which the columns pass forms C_j and vbar
+  /// of a matrix of full_rows rows.
+  double* shard_sums = nullptr;
+  index_t full_rows = 0;
+  /// Non-zero: the clip divisors come from the host (a sharded placement,
+  /// whose clip sums span ranks); the finish passes only form matrix_sum.
+  int host_divisors = 0;
   // state
   float* m = nullptr;
   float* v = nullptr;
@@ -317,15 +334,18 @@ struct Math {
   template <class F>
   static __device__ SKEWADAM_ALWAYS_INLINE void store_range(const DeviceTask& t, const TaskStep& st, index_t e0,
                                                             index_t e1, F&& f) {
-    const index_t q1 = (e1 + 3) >> 2;
-    for (index_t q = (e0 >> 2) + threadIdx.x; q < q1; q += blockDim.x) {
+    // quads of the whole tensor's elements (element_base + o), so that a
+    // piece's rounding bits are those of the same elements in one process
+    const index_t base = t.element_base;
+    const index_t q1 = (base + e1 + 3) >> 2;
+    for (index_t q = ((base + e0) >> 2) + threadIdx.x; q < q1; q += blockDim.x) {
       std::uint32_t bits[4] = {0u, 0u, 0u, 0u};
       if constexpr (random) {
         const auto blk = random_block(st.key, static_cast<std::uint64_t>(q));
         for (int l = 0; l < 4; ++l) bits[l] = blk.v[l];
       }
       for (int l = 0; l < 4; ++l) {
-        const index_t o = 4 * q + l;
+        const index_t o = 4 * q + l - base;
         if (o < e0 || o >= e1) continue;
         update_param(t, st.s, o, f(o), bits[l]);
       }
@@ -490,15 +510,25 @@ struct Math {
     const index_t k0 = nb * warp / block_warps;
     const index_t k1 = nb * (warp + 1) / block_warps;
 
+    // a sharded piece of a cut matrix: the totals over ranks
+    const double* shard = t.shard_sums != nullptr ? t.shard_sums + b * (c + 1) : nullptr;
+    const index_t rows_all = shard != nullptr ? t.full_rows : r;
+
     // vbar: every block of the matrix forms the same sum in the same order
     double mean[1] = {0.0};
-    for (index_t i = threadIdx.x; i < r; i += blockDim.x) mean[0] += static_cast<double>(rs[i]);
-    detail::block_sum<double, 1>(mean);
-    const float vbar = S::vbar(static_cast<float>(mean[0] / static_cast<double>(r)));
+    if (shard != nullptr) {
+      mean[0] = shard[c];
+    } else {
+      for (index_t i = threadIdx.x; i < r; i += blockDim.x) mean[0] += static_cast<double>(rs[i]);
+      detail::block_sum<double, 1>(mean);
+    }
+    const float vbar = S::vbar(static_cast<float>(mean[0] / static_cast<double>(rows_all)));
     if (it.begin == 0 && threadIdx.x == 0) t.vbar[b] = vbar;
 
     double cs = 0.0;
-    if (active) {
+    if (shard != nullptr) {
+      if (warp == 0 && active) cs = shard[j];
+    } else if (active) {
       // four loads in flight, summed in k order (in double: the row blocks
       // of a tall matrix are many)
       const float* cp = t.col_partial + b * nb * c + j;
@@ -518,7 +548,7 @@ struct Math {
       double sum = s_cs[0][lane];
       for (int w = 1; w < block_warps; ++w) sum += s_cs[w][lane];
       float* vc = t.v_col + b * c + j;
-      const float cn = S::update_statistic(*vc, static_cast<float>(sum) / static_cast<float>(r), s);
+      const float cn = S::update_statistic(*vc, static_cast<float>(sum) / static_cast<float>(rows_all), s);
       *vc = cn;
       const float col = S::col_factor(cn, s);
       t.inv_col[b * c + j] = 1.0f / col;
@@ -616,9 +646,34 @@ struct Math {
           // the tensor's last matrix: the clip divisors
           __threadfence();
           t.done[t.geom.batch] = 0u;
-          finalize(t, st);
+          if (!t.host_divisors) finalize(t, st);
         }
       }
+    }
+  }
+
+  /// A sharded piece of a matrix cut between ranks: columns [it.begin,
+  /// it.end) of this rank's column sums of g^2 (its row blocks' partials, in
+  /// order, in double) into shard_sums; the block of the first columns also
+  /// this rank's sum of R_i.
+  static __device__ void factored_shard_sums(const DeviceTask& t, const WorkItem& it) {
+    const index_t r = t.geom.rows;
+    const index_t c = t.geom.cols;
+    const index_t nb = t.row_blocks;
+    const index_t b = it.matrix;
+    double* out = t.shard_sums + b * (c + 1);
+    for (index_t j = it.begin + threadIdx.x; j < it.end; j += blockDim.x) {
+      const float* cp = t.col_partial + b * nb * c + j;
+      double cs = 0.0;
+      for (index_t k = 0; k < nb; ++k) cs += static_cast<double>(cp[k * c]);
+      out[j] = cs;
+    }
+    if (it.begin == 0) {
+      const float* rs = t.v_row + b * r;
+      double sum[1] = {0.0};
+      for (index_t i = threadIdx.x; i < r; i += blockDim.x) sum[0] += static_cast<double>(rs[i]);
+      detail::block_sum<double, 1>(sum);
+      if (threadIdx.x == 0) out[c] = sum[0];
     }
   }
 
@@ -694,7 +749,7 @@ struct Math {
           const float a = s.lr / (S::row_factor(rv[u], vbar, s) * div);
           std::uint32_t bits[4] = {0u, 0u, 0u, 0u};
           if constexpr (random) {
-            const auto blk = random_block(st.key, static_cast<std::uint64_t>(o >> 2));
+            const auto blk = random_block(st.key, static_cast<std::uint64_t>((t.element_base + o) >> 2));
             for (int l = 0; l < 4; ++l) bits[l] = blk.v[l];
           }
           detail::Quad<P> out;
@@ -759,6 +814,7 @@ struct Math {
           t.matrix_sum[b] = sum;
         }
       }
+      if (t.host_divisors) return;
       if (st.scope == ClipScope::tensor) {
         double sum = 0.0;
         for (index_t b = 0; b < g.batch; ++b) sum += __ldcg(t.matrix_sum + b);
@@ -797,6 +853,16 @@ __global__ void __launch_bounds__(block_threads)
   const DeviceTask t = tasks[it.task];  // a copy: stores through float* cannot alias it
   const TaskStep st = steps[it.task];
   X::factored_columns(t, st, it);
+}
+
+template <class Rule, class P, class G>
+__global__ void __launch_bounds__(block_threads)
+    shard_sums_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkItem* items) {
+  using X = Math<Rule, P, G>;
+  const WorkItem it = items[blockIdx.x];
+  if (tasks[it.task].grad == nullptr || steps[it.task].skip) return;
+  const DeviceTask t = tasks[it.task];
+  if constexpr (X::S::factored) X::factored_shard_sums(t, it);
 }
 
 template <class Rule, class P, class G>

@@ -7,8 +7,11 @@
 //             chunks of chunk_elems elements
 //   columns   factored: blocks of column_block columns (the columns pass)
 //   applies   factored: row blocks of the update; element-wise: the units
+//   shards    factored pieces of matrices cut between ranks (a sharded
+//             placement): blocks of column_block columns (shard_sums_kernel)
 //
-// The front-end's engine (placement/local_cuda.hpp) builds them here.
+// The front-end's engines (placement/local_cuda.hpp, sharded_cuda.hpp) build
+// them here.
 
 #include <algorithm>
 #include <cstddef>
@@ -30,12 +33,17 @@ inline void check_launch_size(std::size_t blocks) {
 /// A group's lists in host memory, in the order they are uploaded.
 struct GroupLists {
   bool factored = false;
-  std::vector<WorkItem> units, columns, applies;
+  std::vector<WorkItem> units, columns, applies, shards;
   std::vector<std::int32_t> tasks;
 
-  /// Appends tensor `task` (geometry g; row_blocks or chunks as in its DeviceTask).
-  void add(std::int32_t task, const MatrixGeometry& g, index_t row_blocks, index_t chunks) {
+  /// Appends tensor `task` (geometry g; row_blocks or chunks as in its
+  /// DeviceTask); `cut`: a factored piece of a matrix cut between ranks.
+  void add(std::int32_t task, const MatrixGeometry& g, index_t row_blocks, index_t chunks, bool cut = false) {
     tasks.push_back(task);
+    if (factored && cut)
+      for (index_t b = 0; b < g.batch; ++b)
+        for (index_t j = 0; j < g.cols; j += column_block)
+          shards.push_back(WorkItem{task, b, j, std::min(g.cols, j + column_block), 0});
     if (factored) {
       const index_t na = apply_blocks_of(g);
       for (index_t b = 0; b < g.batch; ++b) {
@@ -56,13 +64,14 @@ struct GroupLists {
     }
   }
 
-  /// units, columns, applies: one array to upload. Throws when a pass would
-  /// need more blocks than one launch has.
+  /// units, columns, applies, shards: one array to upload. Throws when a
+  /// pass would need more blocks than one launch has.
   std::vector<WorkItem> concatenated() const {
-    check_launch_size(units.size() + columns.size() + applies.size());
+    check_launch_size(units.size() + columns.size() + applies.size() + shards.size());
     std::vector<WorkItem> all = units;
     all.insert(all.end(), columns.begin(), columns.end());
     all.insert(all.end(), applies.begin(), applies.end());
+    all.insert(all.end(), shards.begin(), shards.end());
     return all;
   }
 };
@@ -75,6 +84,8 @@ struct GroupArrays {
   std::int32_t n_columns = 0;
   const WorkItem* applies = nullptr;
   std::int32_t n_applies = 0;
+  const WorkItem* shards = nullptr;
+  std::int32_t n_shards = 0;
   const std::int32_t* tasks = nullptr;
   std::int32_t n_tasks = 0;
 
@@ -87,6 +98,8 @@ struct GroupArrays {
     a.n_columns = static_cast<std::int32_t>(l.columns.size());
     a.applies = items + l.units.size() + l.columns.size();
     a.n_applies = static_cast<std::int32_t>(l.applies.size());
+    a.shards = a.applies + l.applies.size();
+    a.n_shards = static_cast<std::int32_t>(l.shards.size());
     a.tasks = task_ids;
     a.n_tasks = static_cast<std::int32_t>(l.tasks.size());
     return a;
