@@ -121,7 +121,7 @@ class Optimizer : public TierSettings {
       : Optimizer(comm, PerTier<Hyperparameters>{all, all, all}, options, shard) {}
   Optimizer(communicator_type& comm, const PerTier<Hyperparameters>& per_tier, OptimizerOptions options = {},
             typename Placement::options_type shard = {}) requires sharded
-      : TierSettings(per_tier), engine_(comm, options.threads, shard), seed_(options.seed),
+      : TierSettings(per_tier), engine_(comm, options, shard), seed_(options.seed),
         nonfinite_(detail::checked_policy(options.nonfinite)),
         max_grad_norm_(checked_max_grad_norm(options.max_grad_norm)) {}
 

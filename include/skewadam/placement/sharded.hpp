@@ -21,6 +21,8 @@
 //   3. the clip exchange: each rank's sum of u^2 per matrix where the clip's
 //      scope spans ranks;
 //   4. the apply pass over the owned slices.
+// Steps 0 and 3 are dist/step_exchange.hpp's, shared with the CUDA backend's
+// sharded engine (placement/sharded_cuda.hpp).
 // Exchanges are all-gathers summed in rank order on every rank (never an
 // all-reduce), so every rank holds the same C_j and clip divisors bit for bit,
 // and the same rank count gives the same bits on every run. Matrices that one
@@ -64,9 +66,11 @@
 #include "../dist/communicator.hpp"
 #include "../dist/shard_plan.hpp"
 #include "../dist/shard_transfer.hpp"
+#include "../dist/step_exchange.hpp"
 #include "../dtype.hpp"
 #include "../engine.hpp"
 #include "../nonfinite.hpp"
+#include "../optimizer_options.hpp"
 #include "../param_state.hpp"
 #include "../rule_dispatch.hpp"
 #include "../state_layout.hpp"
@@ -77,10 +81,23 @@ struct ShardOptions {
   ExpertSharding experts = ExpertSharding::experts;
 };
 
+namespace detail {
+/// std::invalid_argument unless `shard` is valid and comm's rank lies in its group.
+template <Communicator Comm>
+void check_sharding(const Comm& comm, const ShardOptions& shard) {
+  if (shard.experts != ExpertSharding::experts && shard.experts != ExpertSharding::rows)
+    throw std::invalid_argument("shard.experts: unknown value " + std::to_string(static_cast<int>(shard.experts)));
+  if (comm.size() < 1 || comm.rank() < 0 || comm.rank() >= comm.size())
+    throw std::invalid_argument("comm: rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) +
+                                " is not a valid position in a group");
+}
+}  // namespace detail
+
 template <class Tiers, class Backend, Communicator Comm>
 class ShardedEngine {
   static_assert(sizeof(Backend) == 0,
-                "skewadam::dist::Sharded: no engine for this backend (backend::CpuBackend<Arch> has one)");
+                "skewadam::dist::Sharded: no engine for this backend (backend::CpuBackend<Arch> has one here; "
+                "backend::CudaBackend<R> in placement/sharded_cuda.hpp)");
 };
 
 /// The state sharded over the ranks of a Comm.
@@ -98,13 +115,9 @@ class ShardedEngine<Tiers, backend::CpuBackend<Arch>, Comm> {
  public:
   using staged_type = std::vector<ParamState>;
 
-  ShardedEngine(Comm& comm, int threads, ShardOptions shard) : comm_(&comm), shard_(shard) {
-    if (shard.experts != ExpertSharding::experts && shard.experts != ExpertSharding::rows)
-      throw std::invalid_argument("shard.experts: unknown value " + std::to_string(static_cast<int>(shard.experts)));
-    if (comm.size() < 1 || comm.rank() < 0 || comm.rank() >= comm.size())
-      throw std::invalid_argument("comm: rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) +
-                                  " is not a valid position in a group");
-    set_threads(threads);
+  ShardedEngine(Comm& comm, const OptimizerOptions& options, ShardOptions shard) : comm_(&comm), shard_(shard) {
+    detail::check_sharding(comm, shard);
+    set_threads(options.threads);
   }
 
   /// Host memory: every address is the backend's.
@@ -165,7 +178,7 @@ class ShardedEngine<Tiers, backend::CpuBackend<Arch>, Comm> {
   }
   void check_arrays(std::size_t i, const ParamState& got, const std::string& who) const {
     const FullSizes want = full_sizes(entries_[i].split, entries_[i].momentum);
-    detail::check_array_sizes({want.m, want.v, want.v_row, want.v_col}, got, who);
+    skewadam::detail::check_array_sizes({want.m, want.v, want.v_row, want.v_col}, got, who);
   }
   staged_type stage_begin() const { return staged_type(entries_.size()); }
   /// Keeps this rank's share of tensor i's complete arrays.
@@ -312,49 +325,22 @@ class ShardedEngine<Tiers, backend::CpuBackend<Arch>, Comm> {
   /// Step 0: the ranks agree on the stepped tensors; the owned gradient
   /// slices are scanned for non-finite values (unless unchecked).
   std::optional<Offender> preflight(NonFinitePolicy policy) {
-    struct Check {
-      std::uint64_t stepped = 0;  ///< FNV-1a of the stepped tensors' indices
-      std::int64_t param = -1;    ///< first offending tensor, or -1
-      std::int64_t element = -1;
-      float value = 0;
-      float pad = 0;
-    };
-    Check mine;
-    std::uint64_t h = 14695981039346656037ull;
-    for (std::size_t i : stepped_) {
-      h ^= static_cast<std::uint64_t>(i) + 1;
-      h *= 1099511628211ull;
-    }
-    mine.stepped = h;
+    std::optional<Offender> mine;
     if (policy != NonFinitePolicy::unchecked) {
       for (std::size_t i : stepped_) {
         const Entry& e = entries_[i];
         for (const Piece& p : e.pieces) {
           const index_t at = first_offending(e, p);
           if (at < 0) continue;
-          mine.param = static_cast<std::int64_t>(i);
-          mine.element = e.split.first_element(p) + at;
-          mine.value = backend::grad_element(e.item->grad, mine.element) * e.item->scalars.grad_scale;
+          const index_t element = e.split.first_element(p) + at;
+          mine = Offender{static_cast<index_t>(i), element,
+                          backend::grad_element(e.item->grad, element) * e.item->scalars.grad_scale};
           break;
         }
-        if (mine.param >= 0) break;
+        if (mine) break;
       }
     }
-    std::vector<Check> all(static_cast<std::size_t>(ranks()));
-    comm_->all_gather(std::as_bytes(std::span<const Check>(&mine, 1)), std::as_writable_bytes(std::span<Check>(all)));
-    last_exchange_bytes_ += static_cast<index_t>(sizeof(Check));
-    for (std::size_t k = 0; k < all.size(); ++k)
-      if (all[k].stepped != all[0].stepped)
-        throw std::invalid_argument("step: rank " + std::to_string(k) +
-                                    " has gradients for a different set of parameters than rank 0 (every rank "
-                                    "must set the same gradients before a step)");
-    const Check* first = nullptr;
-    for (const Check& c : all) {
-      if (c.param < 0) continue;
-      if (!first || c.param < first->param || (c.param == first->param && c.element < first->element)) first = &c;
-    }
-    if (!first) return std::nullopt;
-    return Offender{first->param, first->element, first->value};
+    return agree_on_step(*comm_, std::span<const std::size_t>(stepped_), mine, last_exchange_bytes_);
   }
 
   index_t first_offending(const Entry& e, const Piece& p) const {
@@ -537,68 +523,28 @@ class ShardedEngine<Tiers, backend::CpuBackend<Arch>, Comm> {
   }
 
   /// Step 3: every clipped tensor's divisors, from sums over ranks where its
-  /// scope spans ranks.
+  /// scope spans ranks (dist/step_exchange.hpp).
   void clip_divisors() {
-    clip_out_.clear();
-    for (std::size_t i : stepped_) {
-      const Entry& e = entries_[i];
-      const bool clip = e.kernels->clip;
-      const ExchangeBytes x = exchange_bytes(e.split, clip, e.item->scope == ClipScope::matrix);
-      if (x.clip == 0) continue;
-      const std::size_t at = clip_out_.size();
-      clip_out_.resize(at + static_cast<std::size_t>(e.split.geom.batch), 0.0);
-      for (std::size_t q = 0; q < e.pieces.size(); ++q)
-        clip_out_[at + static_cast<std::size_t>(e.pieces[q].matrix)] = piece_sum_u2(e, q);
-    }
-    clip_in_.resize(clip_out_.size() * static_cast<std::size_t>(ranks()));
-    if (!clip_out_.empty()) {
-      comm_->all_gather(std::as_bytes(std::span<const double>(clip_out_)),
-                        std::as_writable_bytes(std::span<double>(clip_in_)));
-      last_exchange_bytes_ += static_cast<index_t>(8 * clip_out_.size());
-    }
-
-    std::size_t at = 0;
-    for (std::size_t i : stepped_) {
-      Entry& e = entries_[i];
-      if (!e.kernels->clip) continue;
-      const bool per_matrix = e.item->scope == ClipScope::matrix;
-      const MatrixGeometry& g = e.split.geom;
-      const ExchangeBytes x = exchange_bytes(e.split, true, per_matrix);
-      const StepScalars& s = e.item->scalars;
-      std::vector<double>& sums = doubles_;
-      sums.assign(static_cast<std::size_t>(g.batch), 0.0);
-      if (x.clip > 0) {
-        const std::size_t stride = clip_out_.size();
-        for (index_t b = 0; b < g.batch; ++b) {
-          double v = clip_in_[at + static_cast<std::size_t>(b)];
-          for (int r = 1; r < ranks(); ++r) v += clip_in_[static_cast<std::size_t>(r) * stride + at + static_cast<std::size_t>(b)];
-          sums[static_cast<std::size_t>(b)] = v;
-        }
-        at += static_cast<std::size_t>(g.batch);
-      } else {
-        for (std::size_t q = 0; q < e.pieces.size(); ++q)
-          sums[static_cast<std::size_t>(e.pieces[q].matrix)] = piece_sum_u2(e, q);
+    struct Tensors {
+      ShardedEngine& x;
+      bool clips(std::size_t i) const { return x.entries_[i].kernels->clip; }
+      const TensorSplit& split(std::size_t i) const { return x.entries_[i].split; }
+      bool per_matrix(std::size_t i) const { return x.entries_[i].item->scope == ClipScope::matrix; }
+      std::size_t pieces(std::size_t i) const { return x.entries_[i].pieces.size(); }
+      index_t matrix(std::size_t i, std::size_t q) const { return x.entries_[i].pieces[q].matrix; }
+      double sum_u2(std::size_t i, std::size_t q) const {
+        const Entry& e = x.entries_[i];
+        return e.split.factored && e.split.cuts_matrices() ? e.piece_u2[q] : e.matrices[q].sum_u2;
       }
-      if (per_matrix) {
-        for (std::size_t q = 0; q < e.pieces.size(); ++q)
-          e.matrices[q].divisor = clip_divisor(e, sums[static_cast<std::size_t>(e.pieces[q].matrix)],
-                                               g.matrix_size(), s);
-      } else {
-        double total = 0;
-        for (double v : sums) total += v;
-        const float div = clip_divisor(e, total, g.numel(), s);
-        for (auto& m : e.matrices) m.divisor = div;
+      float divisor(std::size_t i, double sum, index_t count) const {
+        const Entry& e = x.entries_[i];
+        return visit_rule<Tiers>(e.item->tier, e.rank1,
+                                 [&]<class Rule>() { return Rule::clip::divisor(sum, count, e.item->scalars); });
       }
-    }
-  }
-
-  double piece_sum_u2(const Entry& e, std::size_t q) const {
-    return e.split.factored && e.split.cuts_matrices() ? e.piece_u2[q] : e.matrices[q].sum_u2;
-  }
-
-  static float clip_divisor(const Entry& e, double sum, index_t count, const StepScalars& s) {
-    return visit_rule<Tiers>(e.item->tier, e.rank1,
-                             [&]<class Rule>() { return Rule::clip::divisor(sum, count, s); });
+      void set_divisor(std::size_t i, std::size_t q, float d) const { x.entries_[i].matrices[q].divisor = d; }
+    };
+    Tensors t{*this};
+    last_exchange_bytes_ += dist::clip_divisors(*comm_, std::span<const std::size_t>(stepped_), t, clip_);
   }
 
   void apply(Work& w, backend::Scratch scratch) {
@@ -659,9 +605,8 @@ class ShardedEngine<Tiers, backend::CpuBackend<Arch>, Comm> {
   std::vector<Work> work_;
   backend::ScratchSpace scratch_;
   std::vector<std::byte> stats_out_, stats_in_;
-  std::vector<double> clip_out_, clip_in_;
+  ClipScratch clip_;
   std::vector<float> floats_, floats2_;
-  std::vector<double> doubles_;
 };
 
 }  // namespace skewadam::dist
