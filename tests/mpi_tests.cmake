@@ -52,6 +52,28 @@ foreach(_name IN ITEMS bank3d_tensor_clip bank3d_matrix_clip uniform_3d)
   endif()
 endforeach()
 
+# The sharded placement over the CUDA backend (placement/sharded_cuda.hpp),
+# its kernels emulated on the host: every golden case at 2 and 3 ranks (rows
+# cut between ranks; whole experts), expert banks by rows, and a checkpoint
+# saved by 2 ranks resumed by 3.
+foreach(_case IN LISTS _golden_cases)
+  if(NOT IS_DIRECTORY ${_case} OR NOT EXISTS ${_case}/case.json)
+    continue()
+  endif()
+  get_filename_component(_name ${_case} NAME)
+  foreach(_ranks 2 3)
+    skewadam_add_mpi_test(golden-mpi/${_name}/ranks-${_ranks}/cuda-emulated ${_ranks}
+                          $<TARGET_FILE:skewadam-replay> ${_case} --shard --backend cuda-emulated)
+  endforeach()
+endforeach()
+foreach(_name IN ITEMS bank3d_tensor_clip uniform_3d)
+  if(EXISTS ${SKEWADAM_GOLDEN_DIR}/${_name}/case.json)
+    skewadam_add_mpi_test(golden-mpi/${_name}/ranks-3/expert-rows/cuda-emulated 3
+                          $<TARGET_FILE:skewadam-replay> ${SKEWADAM_GOLDEN_DIR}/${_name} --shard --expert-rows
+                          --backend cuda-emulated)
+  endif()
+endforeach()
+
 # Checkpoints: saved by 2 ranks after step 12, resumed by 3 ranks (and, for a
 # 2-D case, by one process without --shard); the resumed steps must match the
 # golden ones.
@@ -71,6 +93,11 @@ foreach(_name IN ITEMS backbone_2d bank3d_tensor_clip router_2d)
                         --out ${_ckpt_dir}/${_name}-resumed)
   set_tests_properties(checkpoint-mpi/${_name}/resume-3-ranks PROPERTIES FIXTURES_REQUIRED ckpt-mpi-${_name}
                        PASS_REGULAR_EXPRESSION "steps 13\\.\\.30, loaded .*PASS")
+  # the CUDA backend's sharded engine resumes the CPU's sharded checkpoint
+  skewadam_add_mpi_test(checkpoint-mpi/${_name}/resume-3-ranks/cuda-emulated 3
+                        $<TARGET_FILE:skewadam-replay> ${_case} --shard --backend cuda-emulated --load ${_file})
+  set_tests_properties(checkpoint-mpi/${_name}/resume-3-ranks/cuda-emulated PROPERTIES
+                       FIXTURES_REQUIRED ckpt-mpi-${_name} PASS_REGULAR_EXPRESSION "steps 13\\.\\.30, loaded .*PASS")
   if(NOT _name MATCHES "bank")
     add_test(NAME checkpoint-mpi/${_name}/resume-1-process
              COMMAND skewadam-replay ${_case} --load ${_file})
@@ -81,10 +108,22 @@ endforeach()
 
 # The sharded optimizer against the single-process one, on a mixed model.
 add_executable(skewadam-mpi-tests ${CMAKE_CURRENT_SOURCE_DIR}/mpi/test_sharded_mpi.cpp)
-target_link_libraries(skewadam-mpi-tests PRIVATE skewadam::skewadam skewadam_warnings MPI::MPI_CXX)
+target_link_libraries(skewadam-mpi-tests PRIVATE skewadam::skewadam skewadam_tooling skewadam_warnings MPI::MPI_CXX)
 foreach(_ranks 2 3 4)
   skewadam_add_mpi_test(unit-mpi/sharded-vs-single/ranks-${_ranks} ${_ranks} $<TARGET_FILE:skewadam-mpi-tests>)
 endforeach()
+foreach(_ranks 2 3)
+  skewadam_add_mpi_test(unit-mpi/sharded-vs-single/ranks-${_ranks}/cuda-emulated ${_ranks}
+                        $<TARGET_FILE:skewadam-mpi-tests> --backend cuda-emulated)
+endforeach()
+
+# ... and on the GPU, the ranks sharing it (a CUDA build; skipped without a device).
+if(TARGET skewadam-sharded-gpu-tests)
+  foreach(_ranks 2 3)
+    skewadam_add_mpi_test(cuda/sharded/mpi-${_ranks}-ranks ${_ranks} $<TARGET_FILE:skewadam-sharded-gpu-tests> --comm mpi)
+    set_tests_properties(cuda/sharded/mpi-${_ranks}-ranks PROPERTIES SKIP_RETURN_CODE 77 LABELS cuda RESOURCE_LOCK gpu)
+  endforeach()
+endif()
 
 # The example trains across 2 processes and its loss goes down.
 if(TARGET sharded_training)

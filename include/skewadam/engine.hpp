@@ -70,7 +70,8 @@
 // exchanges between the passes (placement/local.hpp: everything, no exchange;
 // placement/sharded.hpp: row slices and whole experts, all-gathers); a backend
 // holds the loops, threads and memory (backend/cpu/cpu_backend.hpp;
-// backend/cuda/cuda_backend.hpp, whose local engine is placement/local_cuda.hpp).
+// backend/cuda/cuda_backend.hpp, whose engines are placement/local_cuda.hpp
+// and placement/sharded_cuda.hpp).
 
 #include <array>
 #include <concepts>

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include <skewadam/checkpoint.hpp>
+#include <skewadam/dist/sharded_checkpoint.hpp>
+#include <skewadam/placement/sharded_cuda.hpp>
 #include <skewadam/eigen_view.hpp>
 #include <skewadam/skewadam.hpp>
 
@@ -37,9 +39,31 @@ struct EmulatedCudaLocal {
   }
 };
 
+struct EmulatedCudaSharded {
+  static constexpr const char* name = "sharded CUDA engine over the self communicator, emulated";
+  static constexpr bool cpu_bits = false;
+  static dist::SelfCommunicator& comm() {
+    static dist::SelfCommunicator c;
+    return c;
+  }
+  template <class Tiers>
+  static auto make(const PerTier<Hyperparameters>& h, OptimizerOptions o) {
+    return std::make_unique<Optimizer<Tiers, tools::EmulatedCuda, dist::Sharded<dist::SelfCommunicator>>>(comm(), h,
+                                                                                                         o);
+  }
+  template <class Opt>
+  static void save(Opt& opt, const std::filesystem::path& f) {
+    dist::save_checkpoint(opt, f);
+  }
+  template <class Opt>
+  static void load(Opt& opt, const std::filesystem::path& f) {
+    dist::load_checkpoint(opt, f);
+  }
+};
+
 }  // namespace
 
-#define SKEWADAM_CONTRACT_CONFIGURATIONS EmulatedCudaLocal
+#define SKEWADAM_CONTRACT_CONFIGURATIONS EmulatedCudaLocal, EmulatedCudaSharded
 #include "contract_suite.hpp"
 
 TEST_CASE("CUDA engine, emulated: Eigen objects register as any view does") {

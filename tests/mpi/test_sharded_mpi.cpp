@@ -1,346 +1,38 @@
-// The ShardedOptimizer over MPI against the single-process Optimizer, on a
-// mixed model: backbone matrices cut into row slices (one of them large enough
-// to be cut into row blocks by the single-process backend), bf16 tensors,
-// a rank-1 tensor, an expert bank dealt out by experts, separately stored
-// experts dealt out whole, a router. Run under mpirun with 2..4 ranks.
-//
-// Checks: tensors no rank shares are bit-identical to one process; cut
-// tensors agree within float rounding (bf16: one ulp); two runs give the same
-// bits and every rank holds the same replicated statistics; the exchange and
-// state byte counts match their formulas; checkpoints move between the
-// sharded and the single-process optimizer; a non-finite gradient or ranks
-// that disagree on the stepped tensors change nothing.
+// The sharded optimizer over MPI against the single-process one, on the mixed
+// model of sharded_checks.hpp; under mpirun with 2..4 ranks. With --backend
+// cuda-emulated, the sharded CUDA engine (placement/sharded_cuda.hpp) against
+// the local CUDA engine, their kernels emulated on the host.
 
-#include <cmath>
-#include <cstdint>
+#include <skewadam_tools/emulated_runtime.hpp>
+
 #include <cstdio>
-#include <cstring>
-#include <filesystem>
-#include <random>
-#include <span>
+#include <memory>
 #include <string>
-#include <vector>
 
-#include <unistd.h>
-
-#include <skewadam/dist/sharded_checkpoint.hpp>
 #include <skewadam/mpi/communicator.hpp>
-#include <skewadam/skewadam.hpp>
+#include <skewadam/placement/sharded_cuda.hpp>
 
-namespace {
-
-using namespace skewadam;
-using Comm = mpi::MpiCommunicator;
-using Sharded = dist::ShardedOptimizer<SkewAdamTiers, Comm>;
-
-int failures = 0;
-int rank_ = 0;
-
-#define EXPECT(cond, what)                                                                          \
-  do {                                                                                              \
-    if (!(cond)) {                                                                                  \
-      ++failures;                                                                                   \
-      std::fprintf(stderr, "rank %d: FAILED %s (%s:%d): %s\n", rank_, #cond, __FILE__, __LINE__,    \
-                   std::string(what).c_str());                                                      \
-    }                                                                                               \
-  } while (0)
-
-struct Tensor {
-  std::string name;
-  Tier tier;
-  Shape shape;
-  Dtype dtype;
-  std::vector<float> f32;  ///< values (f32) ...
-  std::vector<bf16> b16;   ///< ... or bf16
-  std::vector<float> grad_f32;
-  std::vector<bf16> grad_b16;
-
-  ParamView param() {
-    if (dtype == Dtype::f32) return TensorView<float>(f32.data(), shape);
-    return TensorView<bf16>(b16.data(), shape);
-  }
-  GradView grad() {
-    if (dtype == Dtype::f32) return TensorView<const float>(grad_f32.data(), shape);
-    return TensorView<const bf16>(grad_b16.data(), shape);
-  }
-  float value(index_t i) const { return dtype == Dtype::f32 ? f32[static_cast<std::size_t>(i)] : to_float(b16[static_cast<std::size_t>(i)]); }
+struct HostMemory {
+  template <class T>
+  using allocator = std::allocator<T>;
+  static void sync() {}
 };
-
-std::vector<Tensor> make_model() {
-  std::vector<Tensor> m;
-  auto add = [&](std::string name, Tier tier, Shape shape, Dtype dtype) {
-    Tensor t{std::move(name), tier, shape, dtype, {}, {}, {}, {}};
-    const auto n = static_cast<std::size_t>(shape.numel());
-    std::mt19937 gen(static_cast<std::uint32_t>(m.size() + 7));
-    std::normal_distribution<float> d(0.0f, 0.1f);
-    if (dtype == Dtype::f32) {
-      t.f32.resize(n);
-      for (auto& x : t.f32) x = d(gen);
-      t.grad_f32.resize(n);
-    } else {
-      t.b16.resize(n);
-      for (auto& x : t.b16) x = bf16(d(gen));
-      t.grad_b16.resize(n);
-    }
-    m.push_back(std::move(t));
-  };
-  add("embed", Tier::backbone, Shape{600, 1024}, Dtype::f32);  // 3 row blocks in one process
-  add("attn.q", Tier::backbone, Shape{40, 24}, Dtype::bf16);
-  add("norm.weight", Tier::backbone, Shape{24}, Dtype::f32);
-  add("moe.experts.w1", Tier::experts, Shape{6, 12, 10}, Dtype::bf16);
-  add("moe.expert0.w2", Tier::experts, Shape{12, 10}, Dtype::f32);
-  add("moe.expert1.w2", Tier::experts, Shape{12, 10}, Dtype::f32);
-  add("moe.expert2.w2", Tier::experts, Shape{12, 10}, Dtype::bf16);
-  add("moe.router", Tier::router, Shape{6, 24}, Dtype::f32);
-  return m;
-}
-
-void fill_grads(std::vector<Tensor>& model, int step) {
-  for (std::size_t k = 0; k < model.size(); ++k) {
-    Tensor& t = model[k];
-    std::mt19937 gen(static_cast<std::uint32_t>(1000 * step + k));
-    // large gradients on some steps make the update clipping bind
-    std::normal_distribution<float> d(0.0f, step % 2 ? 3.0f : 0.01f);
-    if (t.dtype == Dtype::f32)
-      for (auto& x : t.grad_f32) x = d(gen);
-    else
-      for (auto& x : t.grad_b16) x = bf16(d(gen));
-    // a zero row keeps the floored-row path of the clip sum in play
-    if (t.shape.rank() == 2 && t.shape[0] > 4) {
-      const index_t c = t.shape[1];
-      for (index_t j = 0; j < c; ++j) {
-        if (t.dtype == Dtype::f32) t.grad_f32[static_cast<std::size_t>(3 * c + j)] = 0.0f;
-        else t.grad_b16[static_cast<std::size_t>(3 * c + j)] = bf16(0.0f);
-      }
-    }
-  }
-}
-
-PerTier<Hyperparameters> hyper() {
-  PerTier<Hyperparameters> h;
-  h.backbone = {.lr = 1e-2, .weight_decay = 0.05};
-  h.experts = {.lr = 1e-2, .weight_decay = 0.05};
-  h.router = {.lr = 1e-2};
-  return h;
-}
-
-constexpr int steps = 6;
-
-/// Runs the sharded optimizer on `model` for `steps` steps.
-void run_sharded(Comm& comm, std::vector<Tensor>& model, std::vector<index_t>* exchange = nullptr) {
-  Sharded opt(comm, hyper(), OptimizerOptions{.threads = 1});
-  for (Tensor& t : model) opt.add(t.name, t.tier, t.param(), t.grad());
-  for (int s = 1; s <= steps; ++s) {
-    fill_grads(model, s);
-    opt.step();
-    opt.gather_params();
-    if (exchange) exchange->push_back(opt.last_step_exchange_bytes());
-  }
-}
-
-bool is_cut(const Sharded& opt, ParamId id) { return opt.split(id).cuts_matrices(); }
-
-bool close(float got, float want, bool bf16_values) {
-  if (std::isnan(got) || std::isnan(want)) return false;
-  const double tol = bf16_values ? std::ldexp(std::fabs(static_cast<double>(want)), -7) + 1e-30
-                                 : 1e-5 * std::fabs(static_cast<double>(want)) + 1e-7;
-  return std::fabs(static_cast<double>(got) - want) <= tol;
-}
-
-void compare_arrays(const std::string& what, const std::vector<float>& got, const std::vector<float>& want, bool exact,
-                    bool bf16_values) {
-  EXPECT(got.size() == want.size(), what + ": sizes differ");
-  if (got.size() != want.size()) return;
-  std::size_t bad = 0, first = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const bool ok = exact ? std::memcmp(&got[i], &want[i], 4) == 0 : close(got[i], want[i], bf16_values);
-    if (!ok && bad++ == 0) first = i;
-  }
-  EXPECT(bad == 0, what + ": " + std::to_string(bad) + " values differ" +
-                       (bad ? ", first at " + std::to_string(first) + ": " + std::to_string(got[first]) + " vs " +
-                                  std::to_string(want[first])
-                            : std::string()));
-}
-
-std::vector<float> values(const Tensor& t) {
-  std::vector<float> v(static_cast<std::size_t>(t.shape.numel()));
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = t.value(static_cast<index_t>(i));
-  return v;
-}
-
-}  // namespace
+#define SKEWADAM_SHARDED_TEST_MEMORY HostMemory
+#include "sharded_checks.hpp"
 
 int main(int argc, char** argv) {
+  using namespace skewadam;
   mpi::Environment env(argc, argv);
-  Comm comm;
-  rank_ = comm.rank();
-
-  // ------------------------------------------------ against one process
-  std::vector<Tensor> single_model = make_model();
-  SkewAdam single(hyper(), OptimizerOptions{.threads = 1});
-  for (Tensor& t : single_model) single.add(t.name, t.tier, t.param(), t.grad());
-  for (int s = 1; s <= steps; ++s) {
-    fill_grads(single_model, s);
-    single.step();
+  mpi::MpiCommunicator comm;
+  const std::string which = argc > 2 && std::string(argv[1]) == "--backend" ? argv[2] : "cpu";
+  if (which != "cpu" && which != "cuda-emulated") {
+    if (comm.rank() == 0) std::fprintf(stderr, "--backend %s: expected cpu or cuda-emulated\n", which.c_str());
+    return 2;
   }
-
-  std::vector<Tensor> model = make_model();
-  Sharded opt(comm, hyper(), OptimizerOptions{.threads = 2});  // the second run below: 1 thread
-  for (Tensor& t : model) opt.add(t.name, t.tier, t.param(), t.grad());
-  std::vector<index_t> exchange;
-  for (int s = 1; s <= steps; ++s) {
-    fill_grads(model, s);
-    const StepReport r = opt.step();
-    EXPECT(r.applied, "step " + std::to_string(s) + " applied");
-    opt.gather_params();
-    exchange.push_back(opt.last_step_exchange_bytes());
-  }
-  EXPECT(opt.split(*opt.find("moe.experts.w1")).split == dist::Split::matrices, "the bank is dealt out by experts");
-  EXPECT(opt.split(*opt.find("moe.expert1.w2")).split == dist::Split::whole, "a single expert is owned whole");
-  EXPECT(opt.split(*opt.find("moe.expert1.w2")).owner == 1 % comm.size(), "single experts are dealt round-robin");
-
-  const OptimizerState want = single.export_state();
-  const OptimizerState got = opt.export_state();
-  for (std::size_t k = 0; k < model.size(); ++k) {
-    const ParamId id{static_cast<index_t>(k)};
-    const bool exact = !is_cut(opt, id);
-    const bool b16 = model[k].dtype == Dtype::bf16;
-    compare_arrays(model[k].name + " values", values(model[k]), values(single_model[k]), exact, b16);
-    const ParamState& a = got.params[k].state;
-    const ParamState& b = want.params[k].state;
-    compare_arrays(model[k].name + " m", a.m, b.m, exact, false);
-    compare_arrays(model[k].name + " v", a.v, b.v, exact, false);
-    compare_arrays(model[k].name + " v_row", a.v_row, b.v_row, exact, false);
-    compare_arrays(model[k].name + " v_col", a.v_col, b.v_col, exact, false);
-    EXPECT(a.step == b.step, model[k].name + " step count");
-  }
-  EXPECT(got.steps == want.steps, "step counts");
-
-  // ------------------------------------- every rank holds the same statistics
-  for (std::size_t k = 0; k < model.size(); ++k) {
-    const ParamId id{static_cast<index_t>(k)};
-    const ParamStateView local = opt.local_state(id);
-    const auto pieces = opt.pieces(id);
-    const index_t c = opt.split(id).geom.cols;
-    if (!opt.split(id).factored) continue;
-    for (std::size_t q = 0; q < pieces.size(); ++q)
-      for (index_t j = 0; j < c; ++j)
-        EXPECT(std::memcmp(&local.v_col[q * static_cast<std::size_t>(c) + static_cast<std::size_t>(j)],
-                           &got.params[k].state.v_col[static_cast<std::size_t>(pieces[q].matrix * c + j)], 4) == 0,
-               model[k].name + ": this rank's copy of C differs from the first owner's");
-  }
-
-  // ------------------------------- same bits every run, at any thread count
-  std::vector<Tensor> again = make_model();
-  run_sharded(comm, again);
-  for (std::size_t k = 0; k < model.size(); ++k)
-    compare_arrays(model[k].name + " second run", values(again[k]), values(model[k]), true, false);
-
-  // ------------------------------------------------------ byte counts
-  {
-    index_t want_exchange = 32;
-    index_t replicated = 0;
-    for (std::size_t k = 0; k < model.size(); ++k) {
-      const ParamId id{static_cast<index_t>(k)};
-      const dist::TensorSplit& sp = opt.split(id);
-      const bool clip = true;  // every SkewAdam rule clips
-      want_exchange += dist::exchange_bytes(sp, clip, false).statistics + dist::exchange_bytes(sp, clip, false).clip;
-      if (sp.factored && sp.cuts_matrices()) {
-        int owners = 0;
-        for (int r = 0; r < comm.size(); ++r) owners += sp.pieces(r).empty() ? 0 : 1;
-        replicated += (owners - 1) * 4 * sp.geom.batch * sp.geom.cols;
-      }
-    }
-    for (index_t b : exchange) EXPECT(b == want_exchange, "exchange bytes " + std::to_string(b) + " vs " + std::to_string(want_exchange));
-    const std::vector<index_t> per_rank = opt.state_bytes_per_rank();
-    index_t sum = 0;
-    for (index_t b : per_rank) sum += b;
-    EXPECT(sum == single.state_bytes() + replicated,
-           "state bytes over the ranks " + std::to_string(sum) + " vs " + std::to_string(single.state_bytes()) + " + " +
-               std::to_string(replicated) + " replicated");
-    EXPECT(per_rank[static_cast<std::size_t>(comm.rank())] == opt.state_bytes(), "this rank's state bytes");
-    index_t planned = 0;
-    for (std::size_t k = 0; k < model.size(); ++k) {
-      const ParamId id{static_cast<index_t>(k)};
-      planned += dist::shard_state_bytes(opt.split(id), SkewAdamTiers::layout(model[k].tier), comm.rank());
-    }
-    EXPECT(planned == opt.state_bytes(), "shard_state_bytes() predicts this rank's state bytes");
-  }
-
-  // ------------------------------------------------------- checkpoints
-  {
-    const std::filesystem::path file =
-        std::filesystem::temp_directory_path() / ("skewadam-mpi-test-" + std::to_string(::getpid()) + ".ckpt");
-    // every rank needs the same name: take rank 0's
-    std::string name = file.string();
-    std::uint64_t len = name.size();
-    comm.broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&len, 1)), 0);
-    name.resize(static_cast<std::size_t>(len));
-    comm.broadcast(std::as_writable_bytes(std::span<char>(name.data(), name.size())), 0);
-
-    dist::save_checkpoint(opt, name);
-    std::vector<Tensor> fresh_model = make_model();
-    SkewAdam fresh(hyper());
-    for (Tensor& t : fresh_model) fresh.add(t.name, t.tier, t.param(), t.grad());
-    load_checkpoint(fresh, name);
-    const OptimizerState loaded = fresh.export_state();
-    for (std::size_t k = 0; k < model.size(); ++k) {
-      compare_arrays(model[k].name + " saved m", loaded.params[k].state.m, got.params[k].state.m, true, false);
-      compare_arrays(model[k].name + " saved v_row", loaded.params[k].state.v_row, got.params[k].state.v_row, true, false);
-      compare_arrays(model[k].name + " saved v_col", loaded.params[k].state.v_col, got.params[k].state.v_col, true, false);
-      compare_arrays(model[k].name + " saved v", loaded.params[k].state.v, got.params[k].state.v, true, false);
-    }
-    comm.barrier();
-    // and back: a single-process checkpoint into a sharded optimizer
-    if (comm.rank() == 0) save_checkpoint(single, name);
-    comm.barrier();
-    std::vector<Tensor> back_model = make_model();
-    Sharded back(comm, hyper());
-    for (Tensor& t : back_model) back.add(t.name, t.tier, t.param(), t.grad());
-    dist::load_checkpoint(back, name);
-    const OptimizerState back_state = back.export_state();
-    for (std::size_t k = 0; k < model.size(); ++k) {
-      compare_arrays(model[k].name + " loaded m", back_state.params[k].state.m, want.params[k].state.m, true, false);
-      compare_arrays(model[k].name + " loaded v_col", back_state.params[k].state.v_col, want.params[k].state.v_col, true,
-                     false);
-    }
-    EXPECT(back.steps() == single.steps(), "loaded step count");
-    comm.barrier();
-    if (comm.rank() == 0) std::filesystem::remove(name);
-  }
-
-  // ------------------------------------------------ rejected steps change nothing
-  {
-    fill_grads(model, steps + 1);
-    Tensor& embed = model[0];
-    const index_t bad = embed.shape.numel() - 5;  // in the last rank's rows
-    embed.grad_f32[static_cast<std::size_t>(bad)] = NAN;
-    const OptimizerState before = opt.export_state();
-    const StepReport r = opt.step();
-    EXPECT(!r.applied, "a NaN gradient skips the step on every rank");
-    EXPECT(r.nonfinite && r.nonfinite->name == "embed" && r.nonfinite->element == bad, "the report names it");
-    const OptimizerState after = opt.export_state();
-    EXPECT(after.steps == before.steps, "step count unchanged");
-    for (std::size_t k = 0; k < model.size(); ++k)
-      compare_arrays(model[k].name + " unchanged", after.params[k].state.v_col, before.params[k].state.v_col, true,
-                     false);
-
-    embed.grad_f32[static_cast<std::size_t>(bad)] = 0.0f;
-    if (comm.rank() == comm.size() - 1) opt.clear_grad(*opt.find("moe.router"));
-    bool threw = false;
-    try {
-      opt.step();
-    } catch (const std::invalid_argument& e) {
-      threw = std::string(e.what()).find("different set of parameters") != std::string::npos;
-    }
-    EXPECT(threw, "ranks that disagree on the stepped tensors raise on every rank");
-    EXPECT(opt.steps() == before.steps, "and change nothing");
-  }
-
-  int all_failures = 0;
-  MPI_Allreduce(&failures, &all_failures, 1, MPI_INT, MPI_SUM, comm.native());
+  const int failed = which == "cpu" ? sharded_test::run<backend::DefaultBackend>(comm)
+                                      : sharded_test::run<tools::EmulatedCuda>(comm);
   if (comm.rank() == 0)
-    std::printf("%s: sharded over %d ranks against one process, %d failed checks\n",
-                all_failures ? "FAIL" : "PASS", comm.size(), all_failures);
-  return all_failures ? 1 : 0;
+    std::printf("%s: sharded over %d ranks against one process (%s), %d failed checks\n", failed ? "FAIL" : "PASS",
+                comm.size(), which == "cpu" ? "CPU" : "CUDA backend, emulated", failed);
+  return failed ? 1 : 0;
 }

@@ -33,8 +33,10 @@
 // last of them.
 //
 // Sharded (built with SKEWADAM_WITH_MPI), under mpirun -np N:
-//   --shard          run the case on a ShardedOptimizer over MPI_COMM_WORLD
-//                    (dist/sharded_optimizer.hpp); rank 0 reports and writes
+//   --shard          run the case sharded over MPI_COMM_WORLD (the sharded
+//                    placement, dist/sharded_optimizer.hpp; with --backend
+//                    cuda-emulated, placement/sharded_cuda.hpp's engine over
+//                    the emulated CUDA backend); rank 0 reports and writes
 //                    --out; --stop-after, --save and --load work as above
 //                    (checkpoints saved with any rank count load with any)
 //   --expert-rows    shard a bank [E, r, c] by rows instead of whole experts
@@ -209,15 +211,16 @@ int report(const GoldenCase& c, const std::vector<ArrayCheck>& checks, const Cas
 }
 
 #if defined(SKEWADAM_REPLAY_WITH_MPI)
-template <class Rule>
+template <class Rule, class Backend>
 int replay_sharded(const GoldenCase& c, const Options& o) {
   ShardedReplayOptions so{.expert_rows = o.expert_rows, .stop_after = o.stop_after, .save = o.save, .load = o.load,
                           .case_key = case_key};
-  const ShardedReplayResult r = run_sharded_case<Rule>(c, so);
+  const ShardedReplayResult r = run_sharded_case<Rule, Backend>(c, so);
   const auto checks = check_steps(c, r.run, r.first, r.last);
   if (r.rank != 0) return std::all_of(checks.begin(), checks.end(), [](const ArrayCheck& a) { return a.ok; }) ? 0 : 1;
   print_case(c);
-  std::printf(", sharded over %d ranks (%s)\n", r.ranks, r.split.c_str());
+  std::printf(", sharded over %d ranks (%s)%s\n", r.ranks, r.split.c_str(),
+              std::is_same_v<Backend, backend::DefaultBackend> ? "" : ", CUDA backend, emulated on the host");
   std::printf("  steps %lld..%lld", static_cast<long long>(r.first + 1), static_cast<long long>(r.last));
   if (!o.load.empty()) std::printf(", loaded %s", o.load.c_str());
   if (!o.save.empty()) std::printf(", saved to %s", o.save.c_str());
@@ -231,10 +234,8 @@ int replay_sharded(const GoldenCase& c, const Options& o) {
 template <class Rule, class Backend>
 int replay(const GoldenCase& c, const Options& o) {
   if (o.shard) {
-    if constexpr (!std::is_same_v<Backend, backend::DefaultBackend>)
-      throw CaseError("--shard: with --backend cpu only (the sharded placement runs on the CPU backend)");
 #if defined(SKEWADAM_REPLAY_WITH_MPI)
-    return replay_sharded<Rule>(c, o);
+    return replay_sharded<Rule, Backend>(c, o);
 #else
     throw CaseError("--shard: this skewadam-replay was built without MPI (SKEWADAM_WITH_MPI)");
 #endif

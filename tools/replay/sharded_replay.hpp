@@ -1,6 +1,7 @@
 #pragma once
-// skewadam-replay --shard: a golden case run by a ShardedOptimizer over MPI
-// (built with SKEWADAM_WITH_MPI). Every rank loads the case; the parameter is
+// skewadam-replay --shard: a golden case run by the sharded placement over MPI
+// (built with SKEWADAM_WITH_MPI), on the CPU backend or on the emulated CUDA
+// backend (placement/sharded_cuda.hpp). Every rank loads the case; the parameter is
 // registered as an expert bank when it has rank >= 3 (sharded by whole
 // experts, or by rows with --expert-rows), else as a backbone tensor (sharded
 // by rows). After every step the ranks gather the parameter, so each holds the
@@ -15,6 +16,7 @@
 
 #include <skewadam/dist/sharded_checkpoint.hpp>
 #include <skewadam/mpi/communicator.hpp>
+#include <skewadam/placement/sharded_cuda.hpp>
 #include <skewadam_tools/golden_case.hpp>
 
 namespace skewadam::tools {
@@ -38,10 +40,10 @@ struct ShardedReplayResult {
   std::string split;
 };
 
-template <class Rule>
+template <class Rule, class Backend = backend::DefaultBackend>
 ShardedReplayResult run_sharded_case(const GoldenCase& c, const ShardedReplayOptions& o) {
   using Comm = mpi::MpiCommunicator;
-  using Opt = dist::ShardedOptimizer<TierRules<Rule, Rule, Rule>, Comm>;
+  using Opt = Optimizer<TierRules<Rule, Rule, Rule>, Backend, dist::Sharded<Comm>>;
   static mpi::Environment env;  // MPI lives until the program exits
   Comm comm;
   dist::ShardOptions shard;
