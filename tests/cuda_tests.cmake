@@ -41,3 +41,20 @@ target_include_directories(skewadam-cuda-engine-tests PRIVATE ${CMAKE_CURRENT_SO
 target_compile_definitions(skewadam-cuda-engine-tests PRIVATE SKEWADAM_GOLDEN_DIR="${SKEWADAM_GOLDEN_DIR}")
 add_test(NAME cuda/front-end COMMAND skewadam-cuda-engine-tests)
 set_tests_properties(cuda/front-end PROPERTIES SKIP_RETURN_CODE 77 LABELS cuda RESOURCE_LOCK gpu)
+
+# The sharded CUDA engine on the GPU against the local one (cuda/test_sharded_gpu.cu,
+# the checks of mpi/sharded_checks.hpp): MPI ranks sharing the GPU, and NCCL at
+# one rank, where the build has them.
+add_executable(skewadam-sharded-gpu-tests cuda/test_sharded_gpu.cu)
+target_link_libraries(skewadam-sharded-gpu-tests PRIVATE skewadam::cuda)
+if(SKEWADAM_MPI_ENABLED)
+  target_link_libraries(skewadam-sharded-gpu-tests PRIVATE MPI::MPI_CXX)
+  target_compile_definitions(skewadam-sharded-gpu-tests PRIVATE SKEWADAM_TEST_WITH_MPI)
+endif()
+if(SKEWADAM_NCCL_ENABLED)
+  target_link_libraries(skewadam-sharded-gpu-tests PRIVATE ${SKEWADAM_NCCL_LIBRARY})
+  target_include_directories(skewadam-sharded-gpu-tests PRIVATE ${SKEWADAM_NCCL_INCLUDE_DIR})
+  target_compile_definitions(skewadam-sharded-gpu-tests PRIVATE SKEWADAM_TEST_WITH_NCCL)
+  add_test(NAME cuda/sharded/nccl-1-rank COMMAND skewadam-sharded-gpu-tests --comm nccl)
+  set_tests_properties(cuda/sharded/nccl-1-rank PROPERTIES SKIP_RETURN_CODE 77 LABELS cuda RESOURCE_LOCK gpu)
+endif()
