@@ -347,7 +347,8 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
   }
   std::optional<ReplayProblem> replay_problem(const graph_type& g, std::span<const StepItem> items) const {
     if (g.generation_ != generation_) return ReplayProblem{};
-    std::vector<const void*> grads(tensors_.size(), nullptr);
+    std::vector<const void*>& grads = replay_room_;
+    grads.assign(tensors_.size(), nullptr);
     for (const StepItem& it : items) {
       const auto i = static_cast<std::size_t>(it.index);
       const Tensor& e = tensors_[i];
@@ -444,10 +445,10 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
     regroup(items);
     Tables& t = tables_;
     grads_.assign(tensors_.size(), nullptr);
-    for (const StepItem& it : items)
-      if (tensors_[static_cast<std::size_t>(it.index)].numel > 0) grads_[static_cast<std::size_t>(it.index)] = it.grad.data;
     for (const StepItem& it : items) {
-      DeviceTask& d = t.tasks[static_cast<std::size_t>(it.index)];
+      const auto i = static_cast<std::size_t>(it.index);
+      if (tensors_[i].numel > 0) grads_[i] = it.grad.data;
+      DeviceTask& d = t.tasks[i];
       if (d.id != it.key.tensor) {
         d.id = it.key.tensor;
         t.tasks_dirty = true;
@@ -518,7 +519,8 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
 
   /// The gradient table of `items` (the others null), uploaded when it changed.
   void sync_grad_table(std::span<const StepItem> items) const {
-    std::vector<backend::cuda::GradTask> h(tensors_.size());
+    std::vector<backend::cuda::GradTask>& h = grad_room_;
+    h.assign(tensors_.size(), backend::cuda::GradTask{});
     for (const StepItem& it : items) {
       const Tensor& e = tensors_[static_cast<std::size_t>(it.index)];
       if (e.numel == 0) continue;
@@ -530,7 +532,7 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
     };
     if (std::equal(h.begin(), h.end(), tables_.host_grad_tasks.begin(), tables_.host_grad_tasks.end(), same)) return;
     R::to_device(tables_.grad_tasks.data(), h.data(), h.size() * sizeof(h[0]), stream_);
-    tables_.host_grad_tasks = std::move(h);
+    std::swap(tables_.host_grad_tasks, h);
   }
 
   /// Moves tensors whose gradient dtype changed to the group of the new one.
@@ -624,6 +626,8 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
   Tables tables_;
   Tables undo_;  ///< the tables before the last add (pop_back)
   std::vector<const void*> grads_;  ///< reused by every step
+  mutable std::vector<backend::cuda::GradTask> grad_room_;  ///< sync_grad_table's, reused
+  mutable std::vector<const void*> replay_room_;            ///< replay_problem's, reused
   Array<StepControl> control_d_;
   StepControl control_{};           ///< what control_d_ holds once control_uploaded_
   bool control_uploaded_ = false;
