@@ -42,6 +42,7 @@
 
 #include "../backend/cuda/check_kernels.cuh"
 #include "../backend/cuda/cuda_backend.hpp"
+#include "../backend/cuda/device_memory.hpp"
 #include "../backend/cuda/kernels.cuh"
 #include "../backend/cuda/passes.hpp"
 #include "../backend/cuda/step_control.cuh"
@@ -64,6 +65,7 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
   using Stream = typename R::stream_type;
   template <class T>
   using Array = backend::cuda::DeviceArray<R, T>;
+  using Mem = backend::cuda::DeviceMemory<R>;
   using WorkItem = backend::cuda::WorkItem;
   using DeviceTask = backend::cuda::DeviceTask;
   using TaskStep = backend::cuda::TaskStep;
@@ -144,20 +146,11 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
   static constexpr bool host_memory = false;
   /// Bytes from device memory to the host, and back (in stream order; both
   /// wait for the stream).
-  void read_memory(void* host, const void* device, std::size_t n) const {
-    if (n > 0) R::to_host(host, device, n, stream_);
-  }
-  void write_memory(void* device, const void* host, std::size_t n) {
-    if (n == 0) return;
-    R::to_device(device, host, n, stream_);
-    R::synchronize(stream_);
-  }
+  void read_memory(void* host, const void* device, std::size_t n) const { Mem::read(host, device, n, stream_); }
+  void write_memory(void* device, const void* host, std::size_t n) { Mem::write(device, host, n, stream_); }
   ParamState host_arrays(std::size_t i) const { return export_arrays(i); }
 
-  void check_memory(std::string_view name, const ParamView& p, const GradView& g) const {
-    if (p.numel() > 0) R::check_device_memory(p.data, "param of '" + std::string(name) + "'");
-    if (g.present() && g.numel() > 0) R::check_device_memory(g.data, "grad of '" + std::string(name) + "'");
-  }
+  void check_memory(std::string_view name, const ParamView& p, const GradView& g) const { Mem::check(name, p, g); }
 
   // ---------------------------------------------------------- allocation
   void add(const TensorRegistration& spec) {
@@ -180,19 +173,19 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
       const auto B = static_cast<std::size_t>(e.geom.batch);
       const auto r = static_cast<std::size_t>(e.geom.rows);
       const auto c = static_cast<std::size_t>(e.geom.cols);
-      if (spec.layout.momentum) d.m = zeroed(e.state.m, n);
+      if (spec.layout.momentum) d.m = Mem::zeroed(e.state.m, n, stream_);
       if (e.factored) {
         d.row_blocks = backend::cuda::row_blocks_of(e.geom);
-        d.v_row = zeroed(e.state.v_row, B * r);
-        d.v_col = zeroed(e.state.v_col, B * c);
+        d.v_row = Mem::zeroed(e.state.v_row, B * r, stream_);
+        d.v_col = Mem::zeroed(e.state.v_col, B * c, stream_);
       } else {
         d.chunks = backend::cuda::chunks_of(e.geom);
-        d.v = zeroed(e.state.v, n);
+        d.v = Mem::zeroed(e.state.v, n, stream_);
       }
       const backend::cuda::ScratchSizes sz = backend::cuda::scratch_sizes(d, e.factored);
       e.scratch_f = Array<float>(sz.floats);
       e.scratch_d = Array<double>(sz.doubles);
-      if (sz.counters > 0) (void)zeroed(e.done, sz.counters);
+      if (sz.counters > 0) (void)Mem::zeroed(e.done, sz.counters, stream_);
       backend::cuda::place_scratch(d, e.factored, e.scratch_f.data(), e.scratch_d.data(), e.done.data());
     }
     d.tier = tier_index(e.tier);
@@ -221,15 +214,15 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
   /// Tensor i's state arrays, viewed in device memory.
   ParamStateView view(std::size_t i) const {
     const DeviceState& s = tensors_[i].state;
-    return {span_of(s.m), span_of(s.v), span_of(s.v_row), span_of(s.v_col), 0};
+    return {Mem::view(s.m), Mem::view(s.v), Mem::view(s.v_row), Mem::view(s.v_col), 0};
   }
   ParamState export_arrays(std::size_t i) const {
     const DeviceState& d = tensors_[i].state;
     ParamState s;
-    download(d.m, s.m);
-    download(d.v, s.v);
-    download(d.v_row, s.v_row);
-    download(d.v_col, s.v_col);
+    Mem::download(d.m, s.m, stream_);
+    Mem::download(d.v, s.v, stream_);
+    Mem::download(d.v_row, s.v_row, stream_);
+    Mem::download(d.v_col, s.v_col, stream_);
     return s;
   }
   void check_arrays(std::size_t i, const ParamState& got, const std::string& who) const {
@@ -243,16 +236,16 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
   }
   void stage(staged_type& staged, std::size_t i, ParamState&& full) const {
     DeviceState d;
-    upload(d.m, full.m);
-    upload(d.v, full.v);
-    upload(d.v_row, full.v_row);
-    upload(d.v_col, full.v_col);
+    Mem::upload(d.m, full.m, stream_);
+    Mem::upload(d.v, full.v, stream_);
+    Mem::upload(d.v_row, full.v_row, stream_);
+    Mem::upload(d.v_col, full.v_col, stream_);
     staged.states[i] = std::move(d);
   }
   void stage_counts(staged_type& staged, std::span<const std::int64_t> counts, std::int64_t steps) const {
     std::vector<std::int64_t> all(counts.begin(), counts.end());
     all.push_back(steps);
-    upload(staged.counts, all);
+    Mem::upload(staged.counts, all, stream_);
   }
   /// Swaps the staged arrays in (the old ones are freed with `staged`).
   void commit(staged_type&& staged) noexcept {
@@ -412,33 +405,11 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
   };
 
   static const GroupOps* pick(Tier t, Dtype p, Dtype g, bool rank1) {
-    return visit_rule<Tiers>(t, rank1, [&]<class Rule>() {
-      return visit_dtypes(p, g, []<class P, class G>() { return backend::cuda::passes_of<R, Rule, P, G>(); });
-    });
+    return backend::cuda::passes_for<R, Tiers>(t, p, g, rank1);
   }
 
   static unsigned grid(std::size_t blocks) { return static_cast<unsigned>(blocks); }
 
-  template <class T>
-  T* zeroed(Array<T>& a, std::size_t n) {
-    a = Array<T>(n);
-    R::zero(a.data(), a.bytes(), stream_);
-    return a.data();
-  }
-  template <class T>
-  static std::span<const T> span_of(const Array<T>& a) {
-    return {a.data(), a.size()};
-  }
-  template <class T>
-  void download(const Array<T>& d, std::vector<T>& out) const {
-    out.resize(d.size());
-    if (!d.empty()) R::to_host(out.data(), d.data(), d.bytes(), stream_);
-  }
-  template <class T>
-  void upload(Array<T>& d, const std::vector<T>& v) const {
-    d = Array<T>(v.size());
-    if (!v.empty()) R::to_device(d.data(), v.data(), d.bytes(), stream_);
-  }
 
   /// Uploads what a step of `items` needs that changed since the last one.
   void prepare(std::span<const StepItem> items, const StepSettings& settings) {
@@ -573,8 +544,8 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
       }
       Group grp;
       grp.ops = o;
-      upload(grp.items, lists.concatenated());
-      upload(grp.tasks, lists.tasks);
+      Mem::upload(grp.items, lists.concatenated(), stream_);
+      Mem::upload(grp.tasks, lists.tasks, stream_);
       grp.arrays = GroupArrays::of(lists, grp.items.data(), grp.tasks.data());
       groups.push_back(std::move(grp));
     }
@@ -592,9 +563,9 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
       t.tasks[k] = tensors_[k].task;
       t.tasks[k].grad = nullptr;
     }
-    upload(t.d_tasks, t.tasks);
-    upload(t.d_steps, std::vector<TaskStep>(n));
-    upload(t.counts, counts);
+    Mem::upload(t.d_tasks, t.tasks, stream_);
+    Mem::upload(t.d_steps, std::vector<TaskStep>(n), stream_);
+    Mem::upload(t.counts, counts, stream_);
     std::vector<const GroupOps*> ops;
     for (const Tensor& e : tensors_) ops.push_back(e.ops);
     t.groups = build_groups(ops);
@@ -611,9 +582,9 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
         }
     }
     backend::cuda::check_launch_size(checks.size());
-    upload(t.check_items, checks);
+    Mem::upload(t.check_items, checks, stream_);
     t.host_grad_tasks.assign(n, cu::GradTask{});
-    upload(t.grad_tasks, t.host_grad_tasks);
+    Mem::upload(t.grad_tasks, t.host_grad_tasks, stream_);
     t.first = Array<index_t>(checks.size());
     t.value = Array<float>(checks.size());
     t.partial = Array<double>(checks.size());

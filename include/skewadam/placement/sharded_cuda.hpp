@@ -44,6 +44,7 @@
 
 #include "../backend/cuda/check_kernels.cuh"
 #include "../backend/cuda/cuda_backend.hpp"
+#include "../backend/cuda/device_memory.hpp"
 #include "../backend/cuda/kernels.cuh"
 #include "../backend/cuda/passes.hpp"
 #include "../backend/cuda/work_lists.hpp"
@@ -69,6 +70,7 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
   using Stream = typename R::stream_type;
   template <class T>
   using Array = backend::cuda::DeviceArray<R, T>;
+  using Mem = backend::cuda::DeviceMemory<R>;
   using WorkItem = backend::cuda::WorkItem;
   using DeviceTask = backend::cuda::DeviceTask;
   using TaskStep = backend::cuda::TaskStep;
@@ -109,21 +111,12 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
   int threads() const noexcept { return 1; }
 
   static constexpr bool host_memory = false;
-  void read_memory(void* host, const void* device, std::size_t n) const {
-    if (n > 0) R::to_host(host, device, n, stream_);
-  }
-  void write_memory(void* device, const void* host, std::size_t n) {
-    if (n == 0) return;
-    R::to_device(device, host, n, stream_);
-    R::synchronize(stream_);
-  }
+  void read_memory(void* host, const void* device, std::size_t n) const { Mem::read(host, device, n, stream_); }
+  void write_memory(void* device, const void* host, std::size_t n) { Mem::write(device, host, n, stream_); }
   /// Tensor i's complete state on the host (collective).
   ParamState host_arrays(std::size_t i) const { return export_arrays(i); }
 
-  void check_memory(std::string_view name, const ParamView& p, const GradView& g) const {
-    if (p.numel() > 0) R::check_device_memory(p.data, "param of '" + std::string(name) + "'");
-    if (g.present() && g.numel() > 0) R::check_device_memory(g.data, "grad of '" + std::string(name) + "'");
-  }
+  void check_memory(std::string_view name, const ParamView& p, const GradView& g) const { Mem::check(name, p, g); }
 
   // ------------------------------------------------------------ registration
   void add(const TensorRegistration& spec) {
@@ -161,7 +154,7 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
   /// This rank's share of tensor i's state, viewed in device memory.
   ParamStateView view(std::size_t i) const {
     const Shares& s = entries_[i].state;
-    return {span_of(s.m), span_of(s.v), span_of(s.v_row), span_of(s.v_col), 0};
+    return {Mem::view(s.m), Mem::view(s.v), Mem::view(s.v_row), Mem::view(s.v_col), 0};
   }
   index_t state_bytes(std::size_t i) const noexcept {
     const Shares& s = entries_[i].state;
@@ -194,10 +187,10 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
   void stage(staged_type& staged, std::size_t i, ParamState&& full) const {
     const Entry& e = entries_[i];
     Shares d;
-    upload(d.m, share_of(e.split, rank(), ShardArray::m, full.m));
-    upload(d.v, share_of(e.split, rank(), ShardArray::v, full.v));
-    upload(d.v_row, share_of(e.split, rank(), ShardArray::v_row, full.v_row));
-    upload(d.v_col, share_of(e.split, rank(), ShardArray::v_col, full.v_col));
+    Mem::upload(d.m, share_of(e.split, rank(), ShardArray::m, full.m), stream_);
+    Mem::upload(d.v, share_of(e.split, rank(), ShardArray::v, full.v), stream_);
+    Mem::upload(d.v_row, share_of(e.split, rank(), ShardArray::v_row, full.v_row), stream_);
+    Mem::upload(d.v_col, share_of(e.split, rank(), ShardArray::v_col, full.v_col), stream_);
     R::synchronize(stream_);  // the host copies are freed at return
     staged[i] = std::move(d);
   }
@@ -368,16 +361,16 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
       e.tasks.push_back(d);
     }
     const auto n = static_cast<std::size_t>(elems);
-    if (e.momentum) zeroed(e.state.m, n);
+    if (e.momentum) Mem::zeroed(e.state.m, n, stream_);
     if (e.split.factored) {
-      zeroed(e.state.v_row, static_cast<std::size_t>(rows));
-      zeroed(e.state.v_col, e.pieces.size() * static_cast<std::size_t>(c));
+      Mem::zeroed(e.state.v_row, static_cast<std::size_t>(rows), stream_);
+      Mem::zeroed(e.state.v_col, e.pieces.size() * static_cast<std::size_t>(c), stream_);
     } else {
-      zeroed(e.state.v, n);
+      Mem::zeroed(e.state.v, n, stream_);
     }
     e.scratch_f = Array<float>(total.floats);
     e.scratch_d = Array<double>(total.doubles);
-    if (total.counters > 0) zeroed(e.done, total.counters);
+    if (total.counters > 0) Mem::zeroed(e.done, total.counters, stream_);
     std::size_t f = 0, x = 0, k = 0;
     for (std::size_t q = 0; q < e.tasks.size(); ++q) {
       backend::cuda::place_scratch(e.tasks[q], e.split.factored, e.scratch_f.data() + f, e.scratch_d.data() + x,
@@ -426,9 +419,9 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
       d.shard_sums = t.shard_at[k] >= 0 ? t.shard_sums.data() + t.shard_at[k] : nullptr;
       d.grad = nullptr;
     }
-    upload(t.d_tasks, t.tasks);
+    Mem::upload(t.d_tasks, t.tasks, stream_);
     t.steps.assign(n, TaskStep{});
-    upload(t.d_steps, t.steps);
+    Mem::upload(t.d_steps, t.steps, stream_);
     std::vector<const Passes*> ops;
     for (const Entry& e : entries_) ops.push_back(e.ops);
     t.groups = build_groups(ops, t);
@@ -442,9 +435,9 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
       }
     }
     cu::check_launch_size(checks.size());
-    upload(t.check_items, checks);
+    Mem::upload(t.check_items, checks, stream_);
     t.host_grad_tasks.assign(n, GradTask{});
-    upload(t.grad_tasks, t.host_grad_tasks);
+    Mem::upload(t.grad_tasks, t.host_grad_tasks, stream_);
     t.first = Array<index_t>(checks.size());
     t.value = Array<float>(checks.size());
     t.partial = Array<double>(checks.size());
@@ -471,8 +464,8 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
       }
       Group g;
       g.ops = o;
-      upload(g.items, lists.concatenated());
-      upload(g.tasks, lists.tasks);
+      Mem::upload(g.items, lists.concatenated(), stream_);
+      Mem::upload(g.tasks, lists.tasks, stream_);
       g.arrays = backend::cuda::GroupArrays::of(lists, g.items.data(), g.tasks.data());
       groups.push_back(std::move(g));
     }
@@ -658,26 +651,10 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
 
   // ---------------------------------------------------------- helpers
   static const Passes* pick(Tier t, Dtype p, Dtype g, bool rank1) {
-    return visit_rule<Tiers>(t, rank1, [&]<class Rule>() {
-      return visit_dtypes(p, g, []<class P, class G>() { return backend::cuda::passes_of<R, Rule, P, G>(); });
-    });
+    return backend::cuda::passes_for<R, Tiers>(t, p, g, rank1);
   }
   static unsigned grid(std::size_t blocks) { return static_cast<unsigned>(blocks); }
 
-  template <class T>
-  void zeroed(Array<T>& a, std::size_t n) const {
-    a = Array<T>(n);
-    if (n > 0) R::zero(a.data(), a.bytes(), stream_);
-  }
-  template <class T>
-  static std::span<const T> span_of(const Array<T>& a) {
-    return {a.data(), a.size()};
-  }
-  template <class T>
-  void upload(Array<T>& d, const std::vector<T>& v) const {
-    d = Array<T>(v.size());
-    if (!v.empty()) R::to_device(d.data(), v.data(), d.bytes(), stream_);
-  }
 
   /// A complete state array of e, gathered from its owners (collective).
   std::vector<float> gather_array(const Entry& e, ShardArray a, const Array<float>& local) const {

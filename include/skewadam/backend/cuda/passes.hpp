@@ -16,6 +16,9 @@
 // back; the sharded engine (placement/sharded_cuda.hpp) runs every group's
 // statistics, exchanges, every group's finish, exchanges, every group's apply.
 
+#include "../../dtype.hpp"
+#include "../../rule_dispatch.hpp"
+#include "../../tier.hpp"
 #include "kernels.cuh"
 #include "work_lists.hpp"
 
@@ -87,6 +90,15 @@ const GroupPasses<R>* passes_of() {
   static const GroupPasses<R> p{Rule::second_moment::factored, Rule::clip::active, &X::statistics, &X::shard_sums,
                                 &X::finish, &X::apply};
   return &p;
+}
+
+/// The passes of the rule Tiers gives tier t (rank1: a rank-1 tensor's) for
+/// parameter dtype p and gradient dtype g.
+template <class R, class Tiers>
+const GroupPasses<R>* passes_for(Tier t, Dtype p, Dtype g, bool rank1) {
+  return visit_rule<Tiers>(t, rank1, [&]<class Rule>() {
+    return visit_dtypes(p, g, []<class P, class G>() { return passes_of<R, Rule, P, G>(); });
+  });
 }
 
 }  // namespace skewadam::backend::cuda
