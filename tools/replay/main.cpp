@@ -290,6 +290,9 @@ int replay(const GoldenCase& c, const Options& o) {
 int replay_cuda(const GoldenCase& c, const Options& o) {
   if (o.resume_at || o.stop_after || !o.save.empty() || !o.load.empty())
     throw CaseError("--backend cuda: --stop-after, --save, --load and --resume-at are CPU-only");
+  if (o.shard)
+    throw CaseError("--backend cuda: --shard runs on the CPU or cuda-emulated backend here (on a GPU, the sharded "
+                    "engine is tested by skewadam-sharded-gpu-tests)");
 #if defined(SKEWADAM_REPLAY_WITH_CUDA)
   if (cuda::device_count() == 0) {
     std::printf("SKIP: --backend cuda: no CUDA device\n");
