@@ -2,6 +2,8 @@
 // The exchanges of a sharded step that do not depend on the backend
 // (placement/sharded.hpp on the CPU, placement/sharded_cuda.hpp on the GPU):
 //
+//   mark_stepped, sum_over_ranks
+//                     which tensors a step has; a value summed over ranks
 //   agree_on_step     step 0: the ranks check that they step the same
 //                     tensors, and learn the first offending gradient of any
 //                     rank (lowest tensor, then element)
@@ -26,6 +28,26 @@
 #include "shard_plan.hpp"
 
 namespace skewadam::dist {
+
+/// Points each stepped tensor's entry at its item (every other entry's
+/// `item` at null) and lists the stepped tensors in item order.
+template <class Entry>
+void mark_stepped(std::vector<Entry>& entries, std::span<const StepItem> items, std::vector<std::size_t>& stepped) {
+  for (Entry& e : entries) e.item = nullptr;
+  stepped.clear();
+  for (const StepItem& it : items) {
+    entries[static_cast<std::size_t>(it.index)].item = &it;
+    stepped.push_back(static_cast<std::size_t>(it.index));
+  }
+}
+
+/// The sum of every rank's `mine`, added in rank order (collective).
+template <Communicator Comm>
+double sum_over_ranks(Comm& comm, double mine) {
+  std::vector<double> room;
+  ordered_sum(comm, std::span<double>(&mine, 1), room);
+  return mine;
+}
 
 /// Step 0 (collective): throws std::invalid_argument unless every rank steps
 /// the tensors `stepped`; returns the first offender over all ranks, given

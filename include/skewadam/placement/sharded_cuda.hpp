@@ -241,20 +241,12 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
                                                           static_cast<index_t>(t.partial.size()), total_.data());
       R::to_host(&sum, total_.data(), sizeof sum, stream_);
     }
-    std::vector<double> room;
-    std::span<double> one(&sum, 1);
-    ordered_sum(*comm_, one, room);
-    return sum;
+    return sum_over_ranks(*comm_, sum);
   }
 
   std::optional<Offender> step(std::span<const StepItem> items, NonFinitePolicy policy) {
     last_exchange_bytes_ = 0;
-    for (Entry& e : entries_) e.item = nullptr;
-    stepped_.clear();
-    for (const StepItem& it : items) {
-      entries_[static_cast<std::size_t>(it.index)].item = &it;
-      stepped_.push_back(static_cast<std::size_t>(it.index));
-    }
+    mark_stepped(entries_, items, stepped_);
     regroup(items);
     prepare(items);
     if (std::optional<Offender> bad = preflight(policy)) return bad;
