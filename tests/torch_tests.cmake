@@ -35,3 +35,25 @@ add_test(NAME torch-adapter COMMAND skewadam-torch-tests)
 # order of magnitude.
 set_tests_properties(torch-adapter PROPERTIES LABELS "torch"
                      ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=passive")
+
+# Sharding over a torch process group: Gloo on the CPU, 2 to 4 processes
+# meeting through a FileStore (tests/torch_dist). Needs LibTorch's c10d
+# headers and Gloo's (Debian: libgloo-dev).
+find_path(SKEWADAM_GLOO_INCLUDE gloo/algorithm.h)
+find_library(SKEWADAM_GLOO_LIBRARY gloo)
+if(NOT SKEWADAM_GLOO_INCLUDE OR NOT SKEWADAM_GLOO_LIBRARY)
+  message(STATUS "Gloo headers not found (Debian: apt-get install libgloo-dev): the process-group tests are not built")
+  return()
+endif()
+add_executable(skewadam-torch-gloo-tests ${CMAKE_CURRENT_LIST_DIR}/torch_dist/test_process_group_gloo.cpp)
+target_include_directories(skewadam-torch-gloo-tests SYSTEM PRIVATE ${SKEWADAM_GLOO_INCLUDE})
+target_link_libraries(skewadam-torch-gloo-tests PRIVATE skewadam::skewadam ${TORCH_LIBRARIES} ${SKEWADAM_GLOO_LIBRARY})
+target_compile_features(skewadam-torch-gloo-tests PRIVATE cxx_std_20)
+if(TARGET skewadam_warnings)
+  target_link_libraries(skewadam-torch-gloo-tests PRIVATE skewadam_warnings)
+endif()
+foreach(ranks 2 3 4)
+  add_test(NAME torch-gloo/ranks-${ranks} COMMAND skewadam-torch-gloo-tests --ranks ${ranks})
+  set_tests_properties(torch-gloo/ranks-${ranks} PROPERTIES LABELS "torch;gloo" TIMEOUT 600
+                       ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=passive")
+endforeach()

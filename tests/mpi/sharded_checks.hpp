@@ -49,9 +49,9 @@ inline int rank_ = 0;
 #define SHARDED_EXPECT(cond, what)                                                               \
   do {                                                                                           \
     if (!(cond)) {                                                                               \
-      ++failures;                                                                                \
-      std::fprintf(stderr, "rank %d: FAILED %s (%s:%d): %s\n", rank_, #cond, __FILE__, __LINE__, \
-                   std::string(what).c_str());                                                   \
+      ++::sharded_test::failures;                                                                \
+      std::fprintf(stderr, "rank %d: FAILED %s (%s:%d): %s\n", ::sharded_test::rank_, #cond, __FILE__, \
+                   __LINE__, std::string(what).c_str());                                         \
     }                                                                                            \
   } while (0)
 

@@ -44,6 +44,18 @@
 // name, tier, rule, dtype and shape before it changes anything, and a resumed
 // run continues bit for bit.
 //
+// Sharding over a torch process group (Options::process_group, with LibTorch
+// built with distributed support): every rank builds the optimizer with the
+// same parameters, holds the averaged gradients (as after DDP's all-reduce)
+// and calls step() together; each rank keeps the state of its share only
+// (backbone and router tensors by row slices, expert banks by whole experts:
+// dist/shard_plan.hpp), and after step() every rank holds the complete
+// updated parameters, as torch's ZeroRedundancyOptimizer does. state() then
+// views this rank's share (flat tensors, its pieces in order). To save,
+// every rank calls consolidate_checkpoint(), then rank 0 saves (torch::save);
+// to load, every rank loads that archive. The archive is the single-process
+// one, so a sharded run resumes in one process, or with another rank count.
+//
 // This header is not part of <skewadam/skewadam.hpp>: it needs LibTorch.
 
 #include <ATen/ATen.h>
@@ -60,6 +72,7 @@
 #include <limits>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <stdexcept>
@@ -69,6 +82,14 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#if !defined(SKEWADAM_TORCH_DISTRIBUTED)
+#if __has_include(<torch/csrc/distributed/c10d/ProcessGroup.hpp>)
+#define SKEWADAM_TORCH_DISTRIBUTED 1
+#else
+#define SKEWADAM_TORCH_DISTRIBUTED 0
+#endif
+#endif
 
 #include "../checkpoint.hpp"
 #include "../hyperparameters.hpp"
@@ -82,6 +103,10 @@
 #include "../tier.hpp"
 #include "../tier_assignment.hpp"
 #include "../tier_rules.hpp"
+#if SKEWADAM_TORCH_DISTRIBUTED
+#include "../dist/sharded_checkpoint.hpp"
+#include "process_group.hpp"
+#endif
 
 namespace skewadam::libtorch {
 
@@ -108,6 +133,17 @@ struct Options {
   /// What a step with a NaN or infinite gradient does (nonfinite.hpp): by
   /// default it is skipped as a whole and last_step() names the gradient.
   NonFinitePolicy nonfinite = NonFinitePolicy::skip_step;
+#if SKEWADAM_TORCH_DISTRIBUTED
+  /// Set: the state is sharded over this group's ranks and step() is
+  /// collective (see the top of this file). Null: one process.
+  c10::intrusive_ptr<::c10d::ProcessGroup> process_group{};
+  /// With process_group: where its collectives' bytes are staged (the CPU for
+  /// Gloo; the CUDA device for NCCL).
+  at::Device process_group_staging = at::Device(at::kCPU);
+  /// With process_group: expert banks dealt out by whole experts (the
+  /// default) or cut into row slices like the backbone.
+  dist::ExpertSharding expert_sharding = dist::ExpertSharding::experts;
+#endif
 
   /// Every tier with the same hyperparameters.
   static Options uniform(const Hyperparameters& h) {
@@ -314,8 +350,15 @@ class Optimizer : public ::torch::optim::Optimizer {
                                   ": must be finite and >= 0 (0 turns clipping off)");
     for (Tier t : all_tiers)
       validate(options.hyperparameters[t], "Options.hyperparameters." + std::string(tier_name(t)));
-    core_ = std::make_unique<core_type>(
-        options.hyperparameters, skewadam::OptimizerOptions{options.seed, options.threads, options.nonfinite});
+    const skewadam::OptimizerOptions core_options{options.seed, options.threads, options.nonfinite};
+#if SKEWADAM_TORCH_DISTRIBUTED
+    if (options.process_group) {
+      comm_ = std::make_unique<ProcessGroupCommunicator>(options.process_group, options.process_group_staging);
+      sharded_ = std::make_unique<sharded_core_type>(*comm_, options.hyperparameters, core_options,
+                                                     dist::ShardOptions{options.expert_sharding});
+    }
+#endif
+    if (!sharded()) core_ = std::make_unique<core_type>(options.hyperparameters, core_options);
 
     PerTier<std::vector<at::Tensor>> groups;
     std::vector<std::unique_ptr<ParamState>> states;
@@ -333,7 +376,7 @@ class Optimizer : public ::torch::optim::Optimizer {
       p.dtype = detail::dtype_of_tensor(tensor, who);
       p.shape = detail::shape_of_tensor(tensor, who);
       p.data = tensor.data_ptr();
-      p.id = core_->add(p.name, p.tier, detail::param_view(p.tensor, p.dtype, p.shape));
+      p.id = with_core([&](auto& core) { return core.add(p.name, p.tier, detail::param_view(p.tensor, p.dtype, p.shape)); });
       auto state = std::make_unique<ParamState>();
       state->name = p.name;
       state->tier = p.tier;
@@ -365,7 +408,9 @@ class Optimizer : public ::torch::optim::Optimizer {
       loss = closure();
     }
     check_groups();
-    for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
+    for (Tier t : all_tiers)
+      with_core([&](auto& core) { core.set_hyperparameters(t, group_options(t).hyperparameters()); });
+    consolidated_.reset();  // a consolidated checkpoint is of the state before this step
 
     std::vector<at::Tensor> copies;  // non-contiguous gradients, alive until the step is done
     copies.reserve(params_.size());
@@ -374,7 +419,7 @@ class Optimizer : public ::torch::optim::Optimizer {
         check_param_tensor(p, "parameter '" + p.name + "'", false);
         const at::Tensor& g = p.tensor.grad();
         if (!g.defined()) {
-          core_->clear_grad(p.id);
+          with_core([&](auto& core) { core.clear_grad(p.id); });
           continue;
         }
         const std::string who = "gradient of '" + p.name + "'";
@@ -392,17 +437,22 @@ class Optimizer : public ::torch::optim::Optimizer {
           copies.push_back(g.contiguous());
           src = &copies.back();
         }
-        core_->set_grad(p.id, detail::grad_view(*src, gd, p.shape));
+        with_core([&](auto& core) { core.set_grad(p.id, detail::grad_view(*src, gd, p.shape)); });
       }
-      if (max_grad_norm_ > 0.0) core_->clip_grad_norm(max_grad_norm_);
-      last_step_ = core_->step();
+      with_core([&](auto& core) {
+        if (max_grad_norm_ > 0.0) core.clip_grad_norm(max_grad_norm_);
+        last_step_ = core.step();
+      });
+#if SKEWADAM_TORCH_DISTRIBUTED
+      if (sharded_ && last_step_.applied) sharded_->gather_params();  // every rank: the complete parameters
+#endif
     } catch (...) {
-      core_->clear_grads();  // never keep views of gradients past this call
+      with_core([](auto& core) { core.clear_grads(); });  // never keep views of gradients past this call
       throw;
     }
-    core_->clear_grads();
+    with_core([](auto& core) { core.clear_grads(); });
     for (Param& p : params_) {
-      const std::int64_t s = core_->step_count(p.id);
+      const std::int64_t s = with_core([&](const auto& core) { return core.step_count(p.id); });
       if (s != p.state->step) p.tensor.unsafeGetTensorImpl()->bump_version();  // written in place
       p.state->step = s;
     }
@@ -427,11 +477,48 @@ class Optimizer : public ::torch::optim::Optimizer {
   Tier tier(const std::string& name) const { return params_[index_of(name)].tier; }
   /// The state of a registered parameter.
   const ParamState& param_state(const std::string& name) const { return *params_[index_of(name)].state; }
-  /// The library's optimizer underneath.
-  const core_type& core() const noexcept { return *core_; }
-  /// Optimizer state bytes (SPEC section 2), total and per tier.
-  index_t state_bytes() const noexcept { return core_->state_bytes(); }
-  index_t state_bytes(Tier t) const noexcept { return core_->state_bytes(t); }
+  /// The library's optimizer underneath (one process; see sharded_core()).
+  const core_type& core() const {
+    if (!core_) throw std::logic_error("core(): this optimizer is sharded over a process group; use sharded_core()");
+    return *core_;
+  }
+  /// Whether the state is sharded over Options::process_group.
+  bool sharded() const noexcept {
+#if SKEWADAM_TORCH_DISTRIBUTED
+    return sharded_ != nullptr;
+#else
+    return false;
+#endif
+  }
+  /// This process's rank in the group, and the group's size (0 and 1 unsharded).
+  int rank() const noexcept {
+#if SKEWADAM_TORCH_DISTRIBUTED
+    if (sharded_) return sharded_->rank();
+#endif
+    return 0;
+  }
+  int ranks() const noexcept {
+#if SKEWADAM_TORCH_DISTRIBUTED
+    if (sharded_) return sharded_->ranks();
+#endif
+    return 1;
+  }
+#if SKEWADAM_TORCH_DISTRIBUTED
+  using sharded_core_type = skewadam::Optimizer<Tiers, Backend, dist::Sharded<ProcessGroupCommunicator>>;
+  /// The library's sharded optimizer underneath (Options::process_group).
+  const sharded_core_type& sharded_core() const {
+    if (!sharded_) throw std::logic_error("sharded_core(): this optimizer is not sharded (Options::process_group is null)");
+    return *sharded_;
+  }
+#endif
+  /// Optimizer state bytes (SPEC section 2) this process keeps, total and per
+  /// tier (sharded: this rank's share).
+  index_t state_bytes() const noexcept {
+    return with_core([](const auto& core) { return core.state_bytes(); });
+  }
+  index_t state_bytes(Tier t) const noexcept {
+    return with_core([&](const auto& core) { return core.state_bytes(t); });
+  }
   /// The options of a tier's param group (its hyperparameters).
   GroupOptions& group_options(Tier t) { return static_cast<GroupOptions&>(param_groups_.at(group_index(t)).options()); }
   const GroupOptions& group_options(Tier t) const {
@@ -444,23 +531,55 @@ class Optimizer : public ::torch::optim::Optimizer {
     for (Tier t : all_tiers) group_options(t).set_lr(lr);
   }
   double max_grad_norm() const noexcept { return max_grad_norm_; }
-  std::uint64_t seed() const noexcept { return core_->seed(); }
+  std::uint64_t seed() const noexcept {
+    return with_core([](const auto& core) { return core.seed(); });
+  }
   /// Steps taken so far.
-  std::int64_t steps() const noexcept { return core_->steps(); }
+  std::int64_t steps() const noexcept {
+    return with_core([](const auto& core) { return core.steps(); });
+  }
 
   // --------------------------------------------------------- save and load
   /// Writes the complete state as the library's checkpoint (checkpoint.hpp:
   /// per parameter by name its tier, dtype, shape, step count, rounding stream
   /// and state arrays; per tier its rule and the param group's
   /// hyperparameters; the step count and seed), in one byte tensor.
+  /// Sharded: only on rank 0, after consolidate_checkpoint() (and no step
+  /// since); elsewhere it throws std::logic_error and writes nothing.
   void save(::torch::serialize::OutputArchive& archive) const override {
     check_groups();
-    for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
-    std::vector<std::byte> bytes = checkpoint_bytes(*core_);
+    std::vector<std::byte> local;
+    const std::vector<std::byte>* source = &local;
+    if (sharded()) {
+      if (rank() != 0)
+        throw std::logic_error("save: rank " + std::to_string(rank()) +
+                               " of a sharded optimizer; rank 0 saves, after every rank called consolidate_checkpoint()");
+      if (!consolidated_)
+        throw std::logic_error("save: a sharded optimizer saves what consolidate_checkpoint() gathered; call it on "
+                               "every rank first (and again after a step)");
+      source = &*consolidated_;
+    } else {
+      for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
+      local = checkpoint_bytes(*core_);
+    }
+    const std::vector<std::byte>& bytes = *source;
     const auto n = static_cast<std::int64_t>(bytes.size());
     archive.write("skewadam_format", c10::IValue(archive_format_version));
     archive.write("checkpoint",
-                  at::from_blob(bytes.data(), {n}, at::TensorOptions().dtype(at::kByte)).clone(), true);
+                  at::from_blob(const_cast<std::byte*>(bytes.data()), {n}, at::TensorOptions().dtype(at::kByte)).clone(),
+                  true);  // clone(): the archive owns a copy
+  }
+
+  /// Sharded: gathers the complete checkpoint onto rank 0 for save()
+  /// (collective; the other ranks keep nothing). Unsharded: nothing to do.
+  void consolidate_checkpoint() {
+#if SKEWADAM_TORCH_DISTRIBUTED
+    if (!sharded_) return;
+    check_groups();
+    for (Tier t : all_tiers) sharded_->set_hyperparameters(t, group_options(t).hyperparameters());
+    std::vector<std::byte> bytes = dist::checkpoint_bytes(*sharded_);
+    if (sharded_->rank() == 0) consolidated_ = std::move(bytes);
+#endif
   }
 
   /// Reads what save() wrote (or the bytes of skewadam::save_checkpoint of an
@@ -468,7 +587,8 @@ class Optimizer : public ::torch::optim::Optimizer {
   /// registered parameters first (load_checkpoint); on any mismatch it throws
   /// std::invalid_argument saying what differs, and nothing changes. The
   /// state arrays are replaced: tensors taken from state() or param_state()
-  /// before load() no longer view the optimizer's state.
+  /// before load() no longer view the optimizer's state. Sharded: collective,
+  /// every rank loads the same archive (rank 0's) and keeps its share.
   void load(::torch::serialize::InputArchive& archive) override {
     const std::int64_t format = read_int(archive, "skewadam_format");
     if (format != archive_format_version)
@@ -481,11 +601,14 @@ class Optimizer : public ::torch::optim::Optimizer {
     const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(c.data_ptr<std::uint8_t>()),
                                            static_cast<std::size_t>(c.numel()));
     try {
-      load_checkpoint(*core_, bytes, LoadOptions{.params = ParamValues::ignore});
+      with_core([&](auto& core) { load_bytes(core, bytes); });
     } catch (const CheckpointError& e) {
       throw std::invalid_argument(std::string("archive: ") + e.what());
     }
-    for (Tier tier : all_tiers) group_options(tier) = GroupOptions(tier, core_->hyperparameters(tier));
+    for (Tier tier : all_tiers)
+      group_options(tier) =
+          GroupOptions(tier, with_core([&](const auto& core) { return core.hyperparameters(tier); }));
+    consolidated_.reset();
     refresh_views();
   }
 
@@ -506,6 +629,31 @@ class Optimizer : public ::torch::optim::Optimizer {
     v.reserve(d.size());
     for (const auto& item : d) v.emplace_back(item.key(), item.value());
     return v;
+  }
+
+  /// f(the optimizer underneath): the sharded one when there is one.
+  template <class F>
+  decltype(auto) with_core(F&& f) {
+#if SKEWADAM_TORCH_DISTRIBUTED
+    if (sharded_) return f(*sharded_);
+#endif
+    return f(*core_);
+  }
+  template <class F>
+  decltype(auto) with_core(F&& f) const {
+#if SKEWADAM_TORCH_DISTRIBUTED
+    if (sharded_) return f(static_cast<const sharded_core_type&>(*sharded_));
+#endif
+    return f(static_cast<const core_type&>(*core_));
+  }
+
+  template <class Core>
+  static void load_bytes(Core& core, std::span<const std::byte> bytes) {
+    const LoadOptions options{.params = ParamValues::ignore};
+    if constexpr (Core::sharded)
+      dist::load_checkpoint(core, bytes, options);
+    else
+      load_checkpoint(core, bytes, options);
   }
 
   static std::size_t group_index(Tier t) { return static_cast<std::size_t>(tier_index(checked_tier(t))); }
@@ -557,6 +705,17 @@ class Optimizer : public ::torch::optim::Optimizer {
   /// Points every ParamState's tensors at the library's state arrays.
   void refresh_views() {
     for (Param& p : params_) {
+#if SKEWADAM_TORCH_DISTRIBUTED
+      if (sharded_) {  // this rank's share, flat
+        const ParamStateView mine = sharded_->local_state(p.id);
+        p.state->step = mine.step;
+        p.state->m = detail::view_of(mine.m, {static_cast<std::int64_t>(mine.m.size())});
+        p.state->v = detail::view_of(mine.v, {static_cast<std::int64_t>(mine.v.size())});
+        p.state->v_row = detail::view_of(mine.v_row, {static_cast<std::int64_t>(mine.v_row.size())});
+        p.state->v_col = detail::view_of(mine.v_col, {static_cast<std::int64_t>(mine.v_col.size())});
+        continue;
+      }
+#endif
       const ParamStateView live = core_->state(p.id);
       const detail::StateShapes shapes = detail::state_shapes(p.shape);
       p.state->step = live.step;
@@ -577,7 +736,12 @@ class Optimizer : public ::torch::optim::Optimizer {
   std::vector<Param> params_;
   std::unordered_map<std::string, std::size_t> by_name_;
   std::unordered_map<const void*, std::size_t> by_impl_;
-  std::unique_ptr<core_type> core_;
+  std::unique_ptr<core_type> core_;  // one process; or, with a process group:
+#if SKEWADAM_TORCH_DISTRIBUTED
+  std::unique_ptr<ProcessGroupCommunicator> comm_;
+  std::unique_ptr<sharded_core_type> sharded_;
+#endif
+  std::optional<std::vector<std::byte>> consolidated_;  // sharded, rank 0: consolidate_checkpoint()'s bytes
   StepReport last_step_{};
 };
 
