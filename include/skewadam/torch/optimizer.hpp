@@ -103,8 +103,8 @@
 #include "../tier.hpp"
 #include "../tier_assignment.hpp"
 #include "../tier_rules.hpp"
+#include "core.hpp"
 #if SKEWADAM_TORCH_DISTRIBUTED
-#include "../dist/sharded_checkpoint.hpp"
 #include "process_group.hpp"
 #endif
 
@@ -303,10 +303,10 @@ inline GradView grad_view(const at::Tensor& g, Dtype d, const Shape& s) {
   return v;
 }
 
-/// A float tensor viewing `span` (no copy), or an undefined tensor.
-inline at::Tensor view_of(std::span<const float> span, std::vector<std::int64_t> sizes) {
+/// A float tensor viewing `span` (no copy) on `device`, or an undefined tensor.
+inline at::Tensor view_of(std::span<const float> span, std::vector<std::int64_t> sizes, at::Device device) {
   if (span.empty()) return {};
-  return at::from_blob(const_cast<float*>(span.data()), sizes, at::TensorOptions().dtype(at::kFloat));
+  return at::from_blob(const_cast<float*>(span.data()), sizes, at::TensorOptions().dtype(at::kFloat).device(device));
 }
 
 /// Logical shapes of the state arrays of a parameter of `shape`.
@@ -334,7 +334,12 @@ inline StateShapes state_shapes(const Shape& shape) {
 template <class Tiers = SkewAdamTiers, class Backend = backend::DefaultBackend>
 class Optimizer : public ::torch::optim::Optimizer {
  public:
+  /// The front-end underneath CPU tensors in one process.
   using core_type = skewadam::Optimizer<Tiers, Backend>;
+#if SKEWADAM_TORCH_DISTRIBUTED
+  /// The front-end underneath CPU tensors sharded over Options::process_group.
+  using sharded_core_type = skewadam::Optimizer<Tiers, Backend, dist::Sharded<ProcessGroupCommunicator>>;
+#endif
   using NamedParameters = ::torch::OrderedDict<std::string, at::Tensor>;
 
   Optimizer(const NamedParameters& named_parameters, Options options = {})
@@ -350,15 +355,8 @@ class Optimizer : public ::torch::optim::Optimizer {
                                   ": must be finite and >= 0 (0 turns clipping off)");
     for (Tier t : all_tiers)
       validate(options.hyperparameters[t], "Options.hyperparameters." + std::string(tier_name(t)));
-    const skewadam::OptimizerOptions core_options{options.seed, options.threads, options.nonfinite};
-#if SKEWADAM_TORCH_DISTRIBUTED
-    if (options.process_group) {
-      comm_ = std::make_unique<ProcessGroupCommunicator>(options.process_group, options.process_group_staging);
-      sharded_ = std::make_unique<sharded_core_type>(*comm_, options.hyperparameters, core_options,
-                                                     dist::ShardOptions{options.expert_sharding});
-    }
-#endif
-    if (!sharded()) core_ = std::make_unique<core_type>(options.hyperparameters, core_options);
+    device_ = device_of(named_parameters);
+    core_ = make_core(options);
 
     PerTier<std::vector<at::Tensor>> groups;
     std::vector<std::unique_ptr<ParamState>> states;
@@ -376,7 +374,7 @@ class Optimizer : public ::torch::optim::Optimizer {
       p.dtype = detail::dtype_of_tensor(tensor, who);
       p.shape = detail::shape_of_tensor(tensor, who);
       p.data = tensor.data_ptr();
-      p.id = with_core([&](auto& core) { return core.add(p.name, p.tier, detail::param_view(p.tensor, p.dtype, p.shape)); });
+      p.id = core_->add(p.name, p.tier, detail::param_view(p.tensor, p.dtype, p.shape));
       auto state = std::make_unique<ParamState>();
       state->name = p.name;
       state->tier = p.tier;
@@ -400,7 +398,9 @@ class Optimizer : public ::torch::optim::Optimizer {
   /// One update of every parameter that has a gradient. With a closure, runs
   /// it first (with gradients enabled) and returns its loss. A step with a
   /// non-finite gradient is skipped or raises, as Options::nonfinite says;
-  /// last_step() tells which.
+  /// last_step() tells which. On a device the step is enqueued on the
+  /// framework's current stream and step() does not wait for it (except
+  /// under NonFinitePolicy::raise, which must know before returning).
   at::Tensor step(LossClosure closure = nullptr) override {
     at::Tensor loss;
     if (closure) {
@@ -408,24 +408,24 @@ class Optimizer : public ::torch::optim::Optimizer {
       loss = closure();
     }
     check_groups();
-    for (Tier t : all_tiers)
-      with_core([&](auto& core) { core.set_hyperparameters(t, group_options(t).hyperparameters()); });
+    for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
     consolidated_.reset();  // a consolidated checkpoint is of the state before this step
+    grad_copies_.clear();   // (the last step's are no longer read: same stream)
 
-    std::vector<at::Tensor> copies;  // non-contiguous gradients, alive until the step is done
-    copies.reserve(params_.size());
     try {
       for (Param& p : params_) {
         check_param_tensor(p, "parameter '" + p.name + "'", false);
         const at::Tensor& g = p.tensor.grad();
+        p.stepping = g.defined();
         if (!g.defined()) {
-          with_core([&](auto& core) { core.clear_grad(p.id); });
+          core_->clear_grad(p.id);
           continue;
         }
         const std::string who = "gradient of '" + p.name + "'";
         if (g.layout() != at::kStrided) throw std::invalid_argument(who + ": sparse gradients are not supported");
-        if (!g.device().is_cpu())
-          throw std::invalid_argument(who + ": on " + g.device().str() + "; it must be a CPU tensor");
+        if (g.device() != device_)
+          throw std::invalid_argument(who + ": on " + g.device().str() + "; it must be on the parameter's device (" +
+                                      device_.str() + ")");
         if (g.sizes() != p.tensor.sizes()) throw std::invalid_argument(who + ": its sizes differ from the parameter's");
         const Dtype gd = detail::dtype_of_tensor(g, who);
         if (gd != Dtype::f32 && gd != p.dtype)
@@ -434,25 +434,27 @@ class Optimizer : public ::torch::optim::Optimizer {
                                       ")");
         const at::Tensor* src = &g;
         if (!g.is_contiguous()) {
-          copies.push_back(g.contiguous());
-          src = &copies.back();
+          grad_copies_.push_back(g.contiguous());
+          src = &grad_copies_.back();
         }
-        with_core([&](auto& core) { core.set_grad(p.id, detail::grad_view(*src, gd, p.shape)); });
+        core_->set_grad(p.id, detail::grad_view(*src, gd, p.shape));
       }
-      with_core([&](auto& core) {
-        if (max_grad_norm_ > 0.0) core.clip_grad_norm(max_grad_norm_);
-        last_step_ = core.step();
-      });
-#if SKEWADAM_TORCH_DISTRIBUTED
-      if (sharded_ && last_step_.applied) sharded_->gather_params();  // every rank: the complete parameters
-#endif
+      core_->before_step();
+      core_->step();
     } catch (...) {
-      with_core([](auto& core) { core.clear_grads(); });  // never keep views of gradients past this call
+      core_->clear_grads();  // never keep views of gradients past this call
       throw;
     }
-    with_core([](auto& core) { core.clear_grads(); });
+    core_->clear_grads();
+    if (core_->counts_on_device()) {
+      // the counts stay on the device: a parameter that had a gradient is
+      // taken as written (param_state() and last_step() read the answer)
+      for (Param& p : params_)
+        if (p.stepping) p.tensor.unsafeGetTensorImpl()->bump_version();
+      return loss;
+    }
     for (Param& p : params_) {
-      const std::int64_t s = with_core([&](const auto& core) { return core.step_count(p.id); });
+      const std::int64_t s = core_->step_count(p.id);
       if (s != p.state->step) p.tensor.unsafeGetTensorImpl()->bump_version();  // written in place
       p.state->step = s;
     }
@@ -460,8 +462,9 @@ class Optimizer : public ::torch::optim::Optimizer {
   }
 
   /// What the last step() did: applied, or skipped for a non-finite gradient
-  /// (which one, where) under NonFinitePolicy::skip_step.
-  const StepReport& last_step() const noexcept { return last_step_; }
+  /// (which one, where) under NonFinitePolicy::skip_step. On a device it
+  /// waits for the step to be decided.
+  const StepReport& last_step() const { return core_->last_step(); }
 
   // ------------------------------------------------------------ inspection
   /// The tier a name is assigned by this optimizer's rules.
@@ -475,50 +478,43 @@ class Optimizer : public ::torch::optim::Optimizer {
   }
   /// The tier a registered parameter is in.
   Tier tier(const std::string& name) const { return params_[index_of(name)].tier; }
-  /// The state of a registered parameter.
-  const ParamState& param_state(const std::string& name) const { return *params_[index_of(name)].state; }
-  /// The library's optimizer underneath (one process; see sharded_core()).
+  /// The state of a registered parameter (its step count read now; on a
+  /// device that waits for the steps enqueued so far).
+  const ParamState& param_state(const std::string& name) const {
+    const Param& p = params_[index_of(name)];
+    p.state->step = core_->step_count(p.id);
+    return *p.state;
+  }
+  /// The device the parameters and the state are on.
+  at::Device device() const noexcept { return device_; }
+  /// The optimizer underneath, whatever its backend and placement.
+  const Core& engine_core() const noexcept { return *core_; }
+  /// The library's optimizer underneath CPU tensors in one process.
   const core_type& core() const {
-    if (!core_) throw std::logic_error("core(): this optimizer is sharded over a process group; use sharded_core()");
-    return *core_;
-  }
-  /// Whether the state is sharded over Options::process_group.
-  bool sharded() const noexcept {
-#if SKEWADAM_TORCH_DISTRIBUTED
-    return sharded_ != nullptr;
-#else
-    return false;
-#endif
-  }
-  /// This process's rank in the group, and the group's size (0 and 1 unsharded).
-  int rank() const noexcept {
-#if SKEWADAM_TORCH_DISTRIBUTED
-    if (sharded_) return sharded_->rank();
-#endif
-    return 0;
-  }
-  int ranks() const noexcept {
-#if SKEWADAM_TORCH_DISTRIBUTED
-    if (sharded_) return sharded_->ranks();
-#endif
-    return 1;
+    const auto* c = dynamic_cast<const CoreOf<core_type>*>(core_.get());
+    if (c == nullptr)
+      throw std::logic_error("core(): this optimizer's parameters are on " + device_.str() +
+                             (sharded() ? ", sharded over a process group (sharded_core())" : "") +
+                             "; core() is the CPU front-end in one process");
+    return c->optimizer();
   }
 #if SKEWADAM_TORCH_DISTRIBUTED
-  using sharded_core_type = skewadam::Optimizer<Tiers, Backend, dist::Sharded<ProcessGroupCommunicator>>;
   /// The library's sharded optimizer underneath (Options::process_group).
   const sharded_core_type& sharded_core() const {
-    if (!sharded_) throw std::logic_error("sharded_core(): this optimizer is not sharded (Options::process_group is null)");
-    return *sharded_;
+    const auto* c = dynamic_cast<const CoreOf<sharded_core_type>*>(core_.get());
+    if (c == nullptr) throw std::logic_error("sharded_core(): this optimizer is not sharded (Options::process_group is null)");
+    return c->optimizer();
   }
 #endif
+  /// Whether the state is sharded over Options::process_group.
+  bool sharded() const noexcept { return core_->ranks() > 1 || comm_ != nullptr; }
+  /// This process's rank in the group, and the group's size (0 and 1 unsharded).
+  int rank() const noexcept { return core_->rank(); }
+  int ranks() const noexcept { return core_->ranks(); }
   /// Optimizer state bytes (SPEC section 2) this process keeps, total and per
   /// tier (sharded: this rank's share).
-  index_t state_bytes() const noexcept {
-    return with_core([](const auto& core) { return core.state_bytes(); });
-  }
-  index_t state_bytes(Tier t) const noexcept {
-    return with_core([&](const auto& core) { return core.state_bytes(t); });
-  }
+  index_t state_bytes() const noexcept { return core_->state_bytes(); }
+  index_t state_bytes(Tier t) const noexcept { return core_->state_bytes(t); }
   /// The options of a tier's param group (its hyperparameters).
   GroupOptions& group_options(Tier t) { return static_cast<GroupOptions&>(param_groups_.at(group_index(t)).options()); }
   const GroupOptions& group_options(Tier t) const {
@@ -531,19 +527,16 @@ class Optimizer : public ::torch::optim::Optimizer {
     for (Tier t : all_tiers) group_options(t).set_lr(lr);
   }
   double max_grad_norm() const noexcept { return max_grad_norm_; }
-  std::uint64_t seed() const noexcept {
-    return with_core([](const auto& core) { return core.seed(); });
-  }
-  /// Steps taken so far.
-  std::int64_t steps() const noexcept {
-    return with_core([](const auto& core) { return core.steps(); });
-  }
+  std::uint64_t seed() const noexcept { return core_->seed(); }
+  /// Steps taken so far (on a device, read when asked).
+  std::int64_t steps() const { return core_->steps(); }
 
   // --------------------------------------------------------- save and load
   /// Writes the complete state as the library's checkpoint (checkpoint.hpp:
   /// per parameter by name its tier, dtype, shape, step count, rounding stream
   /// and state arrays; per tier its rule and the param group's
-  /// hyperparameters; the step count and seed), in one byte tensor.
+  /// hyperparameters; the step count and seed), in one byte tensor on the
+  /// CPU, whatever the device: it loads on any device.
   /// Sharded: only on rank 0, after consolidate_checkpoint() (and no step
   /// since); elsewhere it throws std::logic_error and writes nothing.
   void save(::torch::serialize::OutputArchive& archive) const override {
@@ -560,7 +553,7 @@ class Optimizer : public ::torch::optim::Optimizer {
       source = &*consolidated_;
     } else {
       for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
-      local = checkpoint_bytes(*core_);
+      local = core_->checkpoint();
     }
     const std::vector<std::byte>& bytes = *source;
     const auto n = static_cast<std::int64_t>(bytes.size());
@@ -573,22 +566,21 @@ class Optimizer : public ::torch::optim::Optimizer {
   /// Sharded: gathers the complete checkpoint onto rank 0 for save()
   /// (collective; the other ranks keep nothing). Unsharded: nothing to do.
   void consolidate_checkpoint() {
-#if SKEWADAM_TORCH_DISTRIBUTED
-    if (!sharded_) return;
+    if (!sharded()) return;
     check_groups();
-    for (Tier t : all_tiers) sharded_->set_hyperparameters(t, group_options(t).hyperparameters());
-    std::vector<std::byte> bytes = dist::checkpoint_bytes(*sharded_);
-    if (sharded_->rank() == 0) consolidated_ = std::move(bytes);
-#endif
+    for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
+    std::vector<std::byte> bytes = core_->checkpoint();
+    if (rank() == 0) consolidated_ = std::move(bytes);
   }
 
   /// Reads what save() wrote (or the bytes of skewadam::save_checkpoint of an
-  /// optimizer with the same parameters). Everything is checked against the
-  /// registered parameters first (load_checkpoint); on any mismatch it throws
-  /// std::invalid_argument saying what differs, and nothing changes. The
-  /// state arrays are replaced: tensors taken from state() or param_state()
-  /// before load() no longer view the optimizer's state. Sharded: collective,
-  /// every rank loads the same archive (rank 0's) and keeps its share.
+  /// optimizer with the same parameters), on any device. Everything is
+  /// checked against the registered parameters first (load_checkpoint); on
+  /// any mismatch it throws std::invalid_argument saying what differs, and
+  /// nothing changes. The state arrays are replaced: tensors taken from
+  /// state() or param_state() before load() no longer view the optimizer's
+  /// state. Sharded: collective, every rank loads the same archive (rank
+  /// 0's) and keeps its share.
   void load(::torch::serialize::InputArchive& archive) override {
     const std::int64_t format = read_int(archive, "skewadam_format");
     if (format != archive_format_version)
@@ -597,17 +589,15 @@ class Optimizer : public ::torch::optim::Optimizer {
     at::Tensor t;
     if (!archive.try_read("checkpoint", t, true) || t.scalar_type() != at::kByte || t.dim() != 1)
       throw std::invalid_argument("archive: 'checkpoint' (a byte tensor) is missing");
-    const at::Tensor c = t.contiguous();
+    const at::Tensor c = t.to(at::kCPU).contiguous();
     const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(c.data_ptr<std::uint8_t>()),
                                            static_cast<std::size_t>(c.numel()));
     try {
-      with_core([&](auto& core) { load_bytes(core, bytes); });
+      core_->load(bytes);
     } catch (const CheckpointError& e) {
       throw std::invalid_argument(std::string("archive: ") + e.what());
     }
-    for (Tier tier : all_tiers)
-      group_options(tier) =
-          GroupOptions(tier, with_core([&](const auto& core) { return core.hyperparameters(tier); }));
+    for (Tier tier : all_tiers) group_options(tier) = GroupOptions(tier, core_->hyperparameters(tier));
     consolidated_.reset();
     refresh_views();
   }
@@ -622,6 +612,7 @@ class Optimizer : public ::torch::optim::Optimizer {
     void* data = nullptr;
     ParamId id{};
     ParamState* state = nullptr;  // owned by state_
+    bool stepping = false;        // had a gradient in the last step()
   };
 
   static std::vector<std::pair<std::string, at::Tensor>> to_pairs(const NamedParameters& d) {
@@ -631,29 +622,46 @@ class Optimizer : public ::torch::optim::Optimizer {
     return v;
   }
 
-  /// f(the optimizer underneath): the sharded one when there is one.
-  template <class F>
-  decltype(auto) with_core(F&& f) {
-#if SKEWADAM_TORCH_DISTRIBUTED
-    if (sharded_) return f(*sharded_);
-#endif
-    return f(*core_);
-  }
-  template <class F>
-  decltype(auto) with_core(F&& f) const {
-#if SKEWADAM_TORCH_DISTRIBUTED
-    if (sharded_) return f(static_cast<const sharded_core_type&>(*sharded_));
-#endif
-    return f(static_cast<const core_type&>(*core_));
+  /// The one device every parameter is on (the CPU for an empty list).
+  static at::Device device_of(const std::vector<std::pair<std::string, at::Tensor>>& named) {
+    std::optional<at::Device> d;
+    std::string first;
+    for (const auto& [name, tensor] : named) {
+      if (!tensor.defined()) continue;
+      if (!d) {
+        d = tensor.device();
+        first = name;
+      } else if (tensor.device() != *d) {
+        throw std::invalid_argument("parameter '" + name + "': on " + tensor.device().str() + ", while '" + first +
+                                    "' is on " + d->str() + "; every parameter must be on one device");
+      }
+    }
+    return d.value_or(at::Device(at::kCPU));
   }
 
-  template <class Core>
-  static void load_bytes(Core& core, std::span<const std::byte> bytes) {
-    const LoadOptions options{.params = ParamValues::ignore};
-    if constexpr (Core::sharded)
-      dist::load_checkpoint(core, bytes, options);
-    else
-      load_checkpoint(core, bytes, options);
+  /// The engine for the parameters' device: a registered one (torch/core.hpp;
+  /// torch/cuda.cuh registers CUDA's), else the CPU backend for CPU tensors,
+  /// in one process or sharded over Options::process_group.
+  std::unique_ptr<Core> make_core(const Options& options) {
+    const skewadam::OptimizerOptions o{
+        .seed = options.seed, .threads = options.threads, .nonfinite = options.nonfinite,
+        .max_grad_norm = options.max_grad_norm};
+#if SKEWADAM_TORCH_DISTRIBUTED
+    if (options.process_group) {
+      if (!device_.is_cpu())
+        throw std::invalid_argument("Options.process_group: sharding is built for CPU tensors; the parameters are on " +
+                                    device_.str());
+      comm_ = std::make_unique<ProcessGroupCommunicator>(options.process_group, options.process_group_staging);
+      return std::make_unique<CoreOf<sharded_core_type>>(*comm_, options.hyperparameters, o,
+                                                         dist::ShardOptions{options.expert_sharding});
+    }
+#endif
+    const std::string type = c10::DeviceTypeName(device_.type(), /*lower_case=*/true);
+    if (const CoreFactory make = device_core<Tiers>(type)) return make(options.hyperparameters, o, device_.index());
+    if (device_.is_cpu()) return std::make_unique<CoreOf<core_type>>(options.hyperparameters, o);
+    throw std::invalid_argument("parameters: on " + device_.str() + ", and no engine for " + type +
+                                " tensors is built into this program (for CUDA: compile one translation unit with "
+                                "nvcc that includes <skewadam/torch/cuda.cuh>; CMake: SKEWADAM_WITH_CUDA)");
   }
 
   static std::size_t group_index(Tier t) { return static_cast<std::size_t>(tier_index(checked_tier(t))); }
@@ -664,12 +672,13 @@ class Optimizer : public ::torch::optim::Optimizer {
     return it->second;
   }
 
-  /// A parameter must stay a contiguous CPU tensor of a supported dtype, in
-  /// the storage it had when it was registered.
-  static void check_param_tensor(const Param& p, const std::string& who, bool registering) {
+  /// A parameter must stay a contiguous tensor of a supported dtype on the
+  /// optimizer's device, in the storage it had when it was registered.
+  void check_param_tensor(const Param& p, const std::string& who, bool registering) const {
     const at::Tensor& t = p.tensor;
-    if (!t.device().is_cpu())
-      throw std::invalid_argument(who + ": on " + t.device().str() + "; skewadam::libtorch needs CPU tensors");
+    if (t.device() != device_)
+      throw std::invalid_argument(who + ": on " + t.device().str() + "; the optimizer's parameters are on " +
+                                  device_.str() + " (create the optimizer after model->to(...))");
     if (t.layout() != at::kStrided) throw std::invalid_argument(who + ": sparse parameters are not supported");
     if (!t.is_contiguous())
       throw std::invalid_argument(who + ": not contiguous; call .contiguous() on the parameter first");
@@ -702,27 +711,21 @@ class Optimizer : public ::torch::optim::Optimizer {
                                   "skewadam::libtorch takes parameters only by name, at construction");
   }
 
-  /// Points every ParamState's tensors at the library's state arrays.
+  /// Points every ParamState's tensors at the library's state arrays (on the
+  /// optimizer's device; sharded: this rank's share, flat).
   void refresh_views() {
+    const bool flat = sharded();
     for (Param& p : params_) {
-#if SKEWADAM_TORCH_DISTRIBUTED
-      if (sharded_) {  // this rank's share, flat
-        const ParamStateView mine = sharded_->local_state(p.id);
-        p.state->step = mine.step;
-        p.state->m = detail::view_of(mine.m, {static_cast<std::int64_t>(mine.m.size())});
-        p.state->v = detail::view_of(mine.v, {static_cast<std::int64_t>(mine.v.size())});
-        p.state->v_row = detail::view_of(mine.v_row, {static_cast<std::int64_t>(mine.v_row.size())});
-        p.state->v_col = detail::view_of(mine.v_col, {static_cast<std::int64_t>(mine.v_col.size())});
-        continue;
-      }
-#endif
       const ParamStateView live = core_->state(p.id);
       const detail::StateShapes shapes = detail::state_shapes(p.shape);
+      const auto sizes = [&](std::span<const float> s, const std::vector<std::int64_t>& logical) {
+        return flat ? std::vector<std::int64_t>{static_cast<std::int64_t>(s.size())} : logical;
+      };
       p.state->step = live.step;
-      p.state->m = detail::view_of(live.m, shapes.full);
-      p.state->v = detail::view_of(live.v, shapes.full);
-      p.state->v_row = detail::view_of(live.v_row, shapes.rows);
-      p.state->v_col = detail::view_of(live.v_col, shapes.cols);
+      p.state->m = detail::view_of(live.m, sizes(live.m, shapes.full), device_);
+      p.state->v = detail::view_of(live.v, sizes(live.v, shapes.full), device_);
+      p.state->v_row = detail::view_of(live.v_row, sizes(live.v_row, shapes.rows), device_);
+      p.state->v_col = detail::view_of(live.v_col, sizes(live.v_col, shapes.cols), device_);
     }
   }
 
@@ -733,16 +736,18 @@ class Optimizer : public ::torch::optim::Optimizer {
   }
   TierAssigner rules_;
   double max_grad_norm_ = 0.0;
+  at::Device device_ = at::Device(at::kCPU);
   std::vector<Param> params_;
   std::unordered_map<std::string, std::size_t> by_name_;
   std::unordered_map<const void*, std::size_t> by_impl_;
-  std::unique_ptr<core_type> core_;  // one process; or, with a process group:
 #if SKEWADAM_TORCH_DISTRIBUTED
-  std::unique_ptr<ProcessGroupCommunicator> comm_;
-  std::unique_ptr<sharded_core_type> sharded_;
+  std::unique_ptr<ProcessGroupCommunicator> comm_;  // before core_: outlives it
+#else
+  std::nullptr_t comm_ = nullptr;
 #endif
+  std::unique_ptr<Core> core_;
+  std::vector<at::Tensor> grad_copies_;                 // non-contiguous gradients of the last step
   std::optional<std::vector<std::byte>> consolidated_;  // sharded, rank 0: consolidate_checkpoint()'s bytes
-  StepReport last_step_{};
 };
 
 // ----------------------------------------------------------------- variants

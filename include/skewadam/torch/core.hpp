@@ -1,0 +1,165 @@
+#pragma once
+// The optimizer underneath skewadam::libtorch::Optimizer, behind one
+// interface whatever its backend and placement: Core. CoreOf<Opt> wraps any
+// front-end type (optimizer.hpp) in it, written once: the CPU backend in one
+// process, sharded over a process group, or the CUDA backend.
+//
+// Engines for tensors on a device are registered by device type (the name
+// torch gives it: "cuda"), per Tiers, by the translation unit that can build
+// them. <skewadam/torch/cuda.cuh>, compiled by nvcc, registers the CUDA
+// backend's; the adapter, compiled by any C++ compiler, finds it here when
+// its parameters are CUDA tensors. This header needs neither LibTorch nor
+// CUDA, so both kinds of translation unit include it.
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../checkpoint.hpp"
+#include "../dist/sharded_checkpoint.hpp"
+#include "../hyperparameters.hpp"
+#include "../nonfinite.hpp"
+#include "../optimizer.hpp"
+#include "../optimizer_options.hpp"
+#include "../param_state.hpp"
+#include "../tensor_view.hpp"
+#include "../tier.hpp"
+
+namespace skewadam::libtorch {
+
+class Core {
+ public:
+  virtual ~Core() = default;
+  virtual ParamId add(const std::string& name, Tier tier, ParamView param) = 0;
+  virtual void set_hyperparameters(Tier t, const Hyperparameters& h) = 0;
+  virtual Hyperparameters hyperparameters(Tier t) const = 0;
+  virtual void set_grad(ParamId id, GradView g) = 0;
+  virtual void clear_grad(ParamId id) = 0;
+  virtual void clear_grads() noexcept = 0;
+  /// One step. Device engines enqueue it and return (unless the policy is
+  /// raise); last_step() then waits for the device's answer.
+  virtual void step() = 0;
+  virtual const StepReport& last_step() const = 0;
+  virtual std::int64_t step_count(ParamId id) const = 0;
+  virtual std::int64_t steps() const = 0;
+  /// The state arrays this process keeps of a parameter (in device memory
+  /// for a device engine; this rank's share when sharded).
+  virtual ParamStateView state(ParamId id) const = 0;
+  virtual index_t state_bytes() const noexcept = 0;
+  virtual index_t state_bytes(Tier t) const noexcept = 0;
+  virtual std::uint64_t seed() const noexcept = 0;
+  /// The library's checkpoint (checkpoint.hpp). Sharded: collective, rank 0
+  /// receives it all, the other ranks nothing.
+  virtual std::vector<std::byte> checkpoint() = 0;
+  /// Loads a checkpoint's state (not parameter values); all or nothing.
+  /// Sharded: collective, every rank passes the same bytes.
+  virtual void load(std::span<const std::byte> bytes) = 0;
+  /// Whether step counts live on the device (reading them waits for it).
+  virtual bool counts_on_device() const noexcept = 0;
+  /// Before each step: a device engine follows the framework's current stream.
+  virtual void before_step() {}
+  virtual int rank() const noexcept { return 0; }
+  virtual int ranks() const noexcept { return 1; }
+};
+
+/// Core over the front-end type Opt; `optimizer()` is the front-end itself.
+template <class Opt>
+class CoreOf : public Core {
+ public:
+  template <class... Args>
+  explicit CoreOf(Args&&... args) : opt_(std::forward<Args>(args)...) {}
+
+  Opt& optimizer() noexcept { return opt_; }
+  const Opt& optimizer() const noexcept { return opt_; }
+
+  ParamId add(const std::string& name, Tier tier, ParamView param) override { return opt_.add(name, tier, param); }
+  void set_hyperparameters(Tier t, const Hyperparameters& h) override { opt_.set_hyperparameters(t, h); }
+  Hyperparameters hyperparameters(Tier t) const override { return opt_.hyperparameters(t); }
+  void set_grad(ParamId id, GradView g) override { opt_.set_grad(id, g); }
+  void clear_grad(ParamId id) override { opt_.clear_grad(id); }
+  void clear_grads() noexcept override { opt_.clear_grads(); }
+  void step() override {
+    if constexpr (Opt::device_counts) {
+      opt_.step();
+    } else {
+      const StepReport r = opt_.step();
+      if constexpr (Opt::sharded) {
+        if (r.applied) opt_.gather_params();  // every rank: the complete parameters
+      }
+    }
+  }
+  const StepReport& last_step() const override { return opt_.last_step(); }
+  std::int64_t step_count(ParamId id) const override { return opt_.step_count(id); }
+  std::int64_t steps() const override { return opt_.steps(); }
+  ParamStateView state(ParamId id) const override {
+    if constexpr (Opt::sharded) return opt_.local_state(id);
+    else return opt_.state(id);
+  }
+  index_t state_bytes() const noexcept override { return opt_.state_bytes(); }
+  index_t state_bytes(Tier t) const noexcept override { return opt_.state_bytes(t); }
+  std::uint64_t seed() const noexcept override { return opt_.seed(); }
+  std::vector<std::byte> checkpoint() override {
+    if constexpr (Opt::sharded) return dist::checkpoint_bytes(opt_);
+    else return checkpoint_bytes(opt_);
+  }
+  void load(std::span<const std::byte> bytes) override {
+    const LoadOptions options{.params = ParamValues::ignore};
+    if constexpr (Opt::sharded) dist::load_checkpoint(opt_, bytes, options);
+    else load_checkpoint(opt_, bytes, options);
+  }
+  bool counts_on_device() const noexcept override { return Opt::device_counts; }
+  int rank() const noexcept override {
+    if constexpr (Opt::sharded) return opt_.rank();
+    else return 0;
+  }
+  int ranks() const noexcept override {
+    if constexpr (Opt::sharded) return opt_.ranks();
+    else return 1;
+  }
+
+ private:
+  Opt opt_;
+};
+
+/// Builds the Core of a device engine: per-tier hyperparameters, options
+/// (seed, threads, nonfinite, max_grad_norm), the device's index.
+using CoreFactory = std::unique_ptr<Core> (*)(const PerTier<Hyperparameters>&, const OptimizerOptions&, int device);
+
+namespace detail {
+template <class Tiers>
+struct DeviceCores {
+  std::mutex mutex;
+  std::map<std::string, CoreFactory, std::less<>> factories;
+};
+template <class Tiers>
+DeviceCores<Tiers>& device_cores() {
+  static DeviceCores<Tiers> cores;
+  return cores;
+}
+}  // namespace detail
+
+/// Registers the engine of Tiers for tensors of `device_type` (a translation
+/// unit that can build it does this at load time; see torch/cuda.cuh).
+template <class Tiers>
+void register_device_core(std::string device_type, CoreFactory make) {
+  auto& c = detail::device_cores<Tiers>();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  c.factories[std::move(device_type)] = make;
+}
+
+/// The registered engine of Tiers for `device_type`, or null.
+template <class Tiers>
+CoreFactory device_core(const std::string& device_type) {
+  auto& c = detail::device_cores<Tiers>();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  const auto it = c.factories.find(device_type);
+  return it == c.factories.end() ? nullptr : it->second;
+}
+
+}  // namespace skewadam::libtorch
