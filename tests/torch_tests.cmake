@@ -14,20 +14,24 @@ if(NOT TARGET doctest::doctest)
   find_package(doctest REQUIRED)
 endif()
 
-add_executable(skewadam-torch-tests
+# The tests of the adapter that hold whatever its engine, compiled once for
+# both executables below.
+add_library(skewadam-torch-test-common OBJECT
   ${CMAKE_CURRENT_LIST_DIR}/unit_torch/main.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_adapter.cpp
   ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_serialize.cpp
   ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_tier_rules.cpp
   ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_training.cpp)
-target_include_directories(skewadam-torch-tests PRIVATE
+target_include_directories(skewadam-torch-test-common PUBLIC
   ${CMAKE_CURRENT_LIST_DIR}/unit_torch
   ${CMAKE_CURRENT_LIST_DIR}/../examples/moe_lm)
-target_link_libraries(skewadam-torch-tests PRIVATE skewadam::skewadam ${TORCH_LIBRARIES} doctest::doctest)
-target_compile_features(skewadam-torch-tests PRIVATE cxx_std_20)
+target_link_libraries(skewadam-torch-test-common PUBLIC skewadam::skewadam ${TORCH_LIBRARIES} doctest::doctest)
+target_compile_features(skewadam-torch-test-common PUBLIC cxx_std_20)
 if(TARGET skewadam_warnings)
-  target_link_libraries(skewadam-torch-tests PRIVATE skewadam_warnings)
+  target_link_libraries(skewadam-torch-test-common PUBLIC skewadam_warnings)
 endif()
+
+add_executable(skewadam-torch-tests ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_adapter.cpp)
+target_link_libraries(skewadam-torch-tests PRIVATE skewadam-torch-test-common)
 
 add_test(NAME torch-adapter COMMAND skewadam-torch-tests)
 # Two threads whatever the machine (the results must not depend on it), which
@@ -35,6 +39,24 @@ add_test(NAME torch-adapter COMMAND skewadam-torch-tests)
 # order of magnitude.
 set_tests_properties(torch-adapter PROPERTIES LABELS "torch"
                      ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=passive")
+
+# The same tests over a device engine: the CUDA backend on the emulated
+# runtime, registered for CPU tensors (unit_torch/device_engine_emulated.cpp),
+# so that the path CUDA tensors take through the adapter runs without a GPU.
+if(SKEWADAM_CUDA_EMULATION_TESTS AND TARGET skewadam_tooling)
+  add_executable(skewadam-torch-device-tests
+    ${CMAKE_CURRENT_LIST_DIR}/unit_torch/device_engine_emulated.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_adapter.cpp)
+  target_link_libraries(skewadam-torch-device-tests PRIVATE skewadam-torch-test-common skewadam_tooling)
+  # (test_adapter.cpp compares the adapter with the library on this backend)
+  target_compile_definitions(skewadam-torch-device-tests PRIVATE SKEWADAM_TORCH_TEST_EMULATED_DEVICE)
+  # (the two training runs are left out: 80 s on the emulated kernels, and
+  # their steps are those the other cases check bit for bit)
+  add_test(NAME torch-adapter/device-engine-emulated
+           COMMAND skewadam-torch-device-tests "--test-case-exclude=*training run*")
+  set_tests_properties(torch-adapter/device-engine-emulated PROPERTIES LABELS "torch;cuda-emulation"
+                       ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=passive")
+endif()
 
 # Sharding over a torch process group: Gloo on the CPU, 2 to 4 processes
 # meeting through a FileStore (tests/torch_dist). Needs LibTorch's c10d

@@ -237,7 +237,7 @@ TEST_CASE("the archive carries the library's checkpoint: it loads into skewadam:
     core.add(name, opt.tier(name), d::param_view(tensor, d::dtype_of_tensor(tensor, name), d::shape_of_tensor(tensor, name)));
   }
   skewadam::load_checkpoint(core, bytes);
-  const skewadam::OptimizerState x = core.export_state(), y = opt.core().export_state();
+  const skewadam::OptimizerState x = core.export_state(), y = opt.engine_core().export_state();
   REQUIRE(x.params.size() == y.params.size());
   CHECK(x.steps == y.steps);
   for (std::size_t i = 0; i < x.params.size(); ++i) {

@@ -16,8 +16,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -27,6 +29,7 @@
 #include "../nonfinite.hpp"
 #include "../optimizer.hpp"
 #include "../optimizer_options.hpp"
+#include "../optimizer_state.hpp"
 #include "../param_state.hpp"
 #include "../tensor_view.hpp"
 #include "../tier.hpp"
@@ -54,6 +57,12 @@ class Core {
   virtual index_t state_bytes() const noexcept = 0;
   virtual index_t state_bytes(Tier t) const noexcept = 0;
   virtual std::uint64_t seed() const noexcept = 0;
+  virtual std::optional<ParamId> find(std::string_view name) const = 0;
+  /// Whether a gradient is set for the parameter now (none between steps).
+  virtual bool has_grad(ParamId id) const = 0;
+  /// A host copy of the complete state (optimizer_state.hpp; sharded:
+  /// collective).
+  virtual OptimizerState export_state() const = 0;
   /// The library's checkpoint (checkpoint.hpp). Sharded: collective, rank 0
   /// receives it all, the other ranks nothing.
   virtual std::vector<std::byte> checkpoint() = 0;
@@ -104,6 +113,9 @@ class CoreOf : public Core {
   index_t state_bytes() const noexcept override { return opt_.state_bytes(); }
   index_t state_bytes(Tier t) const noexcept override { return opt_.state_bytes(t); }
   std::uint64_t seed() const noexcept override { return opt_.seed(); }
+  std::optional<ParamId> find(std::string_view name) const override { return opt_.find(name); }
+  bool has_grad(ParamId id) const override { return opt_.grad(id).present(); }
+  OptimizerState export_state() const override { return opt_.export_state(); }
   std::vector<std::byte> checkpoint() override {
     if constexpr (Opt::sharded) return dist::checkpoint_bytes(opt_);
     else return checkpoint_bytes(opt_);
@@ -125,6 +137,70 @@ class CoreOf : public Core {
 
  private:
   Opt opt_;
+};
+
+/// Core over a front-end whose engine runs on a device (the CUDA backend):
+/// every call that touches the device runs with `Device::Guard` (the
+/// device made current for its lifetime), and each step follows the
+/// framework's current stream, `Device::current_stream(index)`.
+template <class Opt, class Device>
+class DeviceCore final : public CoreOf<Opt> {
+  using Base = CoreOf<Opt>;
+
+ public:
+  template <class... Args>
+  explicit DeviceCore(int device, Args&&... args)
+      : DeviceCore(typename Device::Guard(device), device, std::forward<Args>(args)...) {}
+
+  ParamId add(const std::string& name, Tier tier, ParamView param) override {
+    const typename Device::Guard g(device_);
+    return Base::add(name, tier, param);
+  }
+  void before_step() override {
+    const auto current = Device::current_stream(device_);
+    if (current != this->optimizer().engine().stream()) {
+      const typename Device::Guard g(device_);
+      this->optimizer().engine().set_stream(current);  // (waits for the steps on the previous one)
+    }
+  }
+  void step() override {
+    const typename Device::Guard g(device_);
+    Base::step();
+  }
+  const StepReport& last_step() const override {
+    const typename Device::Guard g(device_);
+    return Base::last_step();
+  }
+  std::int64_t step_count(ParamId id) const override {
+    const typename Device::Guard g(device_);
+    return Base::step_count(id);
+  }
+  std::int64_t steps() const override {
+    const typename Device::Guard g(device_);
+    return Base::steps();
+  }
+  ParamStateView state(ParamId id) const override {
+    const typename Device::Guard g(device_);
+    return Base::state(id);
+  }
+  OptimizerState export_state() const override {
+    const typename Device::Guard g(device_);
+    return Base::export_state();
+  }
+  std::vector<std::byte> checkpoint() override {
+    const typename Device::Guard g(device_);
+    return Base::checkpoint();
+  }
+  void load(std::span<const std::byte> bytes) override {
+    const typename Device::Guard g(device_);
+    Base::load(bytes);
+  }
+
+ private:
+  template <class... Args>
+  DeviceCore(const typename Device::Guard&, int device, Args&&... args)
+      : Base(std::forward<Args>(args)...), device_(device) {}
+  int device_;
 };
 
 /// Builds the Core of a device engine: per-tier hyperparameters, options

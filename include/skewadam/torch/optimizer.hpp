@@ -1,5 +1,5 @@
 #pragma once
-// SkewAdam as a torch::optim::Optimizer (LibTorch 1.13 and 2.x, CPU tensors).
+// SkewAdam as a torch::optim::Optimizer (LibTorch 1.13 and 2.x; CPU or CUDA tensors).
 //
 //   #include <skewadam/torch/optimizer.hpp>
 //
@@ -25,9 +25,14 @@
 // Hyperparameters, so torch learning-rate schedulers and code that edits
 // `param_groups()[i].options()` work as usual; they are read at every step.
 //
-// Parameters: contiguous CPU tensors of float32, bfloat16 or float16, whose
-// storage stays where it was when the optimizer was built (create the optimizer
-// after `model->to(...)`). The data is updated in place, exactly as
+// Parameters: contiguous tensors of float32, bfloat16 or float16, all on one
+// device, whose storage stays where it was when the optimizer was built
+// (create the optimizer after `model->to(...)`). CPU tensors step on the CPU
+// backend. CUDA tensors step on the CUDA backend, on torch's current stream,
+// without waiting for it, once one translation unit of the program compiled
+// by nvcc includes <skewadam/torch/cuda.cuh> (see there); step counts then
+// stay on the device and last_step(), steps() and param_state() read them
+// when asked. The data is updated in place, exactly as
 // skewadam::Optimizer updates it. A parameter whose .grad() is undefined is
 // skipped that step: its state and step count do not change. A gradient may
 // be float32 or the parameter's dtype; a non-contiguous one is copied first.

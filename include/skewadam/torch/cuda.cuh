@@ -1,0 +1,66 @@
+#pragma once
+// CUDA tensors in skewadam::libtorch::Optimizer. One translation unit of the
+// program, compiled by nvcc and linked with LibTorch's CUDA libraries,
+// builds the CUDA engine of each variant it uses and registers it:
+//
+//   // skewadam_torch_cuda.cu
+//   #include <skewadam/torch/cuda.cuh>
+//   SKEWADAM_LIBTORCH_CUDA(skewadam::SkewAdamTiers)
+//   SKEWADAM_LIBTORCH_CUDA(skewadam::AdamWTiers)   // (each variant used on the GPU)
+//
+// Every other file includes <skewadam/torch/optimizer.hpp> as on the CPU and
+// needs no CUDA: an optimizer built on CUDA parameters (all on one device)
+// finds the registered engine (torch/core.hpp) and runs its steps on the CUDA
+// backend, on torch's current stream of that device, without waiting for
+// them. Without this translation unit, CUDA parameters are refused with a
+// message saying so. With CMake: `enable_language(CUDA)`, the .cu file in
+// the target's sources, and the target linked with `${TORCH_LIBRARIES}` of a
+// CUDA build of LibTorch (torch_cuda, c10_cuda) and `skewadam::skewadam`.
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "../cuda.cuh"
+#include "core.hpp"
+
+namespace skewadam::libtorch {
+
+/// The device as torch sees it: its guard and current stream.
+struct TorchCudaDevice {
+  class Guard {
+   public:
+    explicit Guard(int index) : guard_(static_cast<c10::DeviceIndex>(index)) {}
+
+   private:
+    c10::cuda::CUDAGuard guard_;
+  };
+  static cudaStream_t current_stream(int index) {
+    return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index)).stream();
+  }
+};
+
+/// The Core of Tiers on the CUDA backend, on torch's streams.
+template <class Tiers>
+std::unique_ptr<Core> make_cuda_core(const PerTier<Hyperparameters>& hyper, const OptimizerOptions& options, int device) {
+  OptimizerOptions o = options;
+  o.stream = TorchCudaDevice::current_stream(device);
+  return std::make_unique<DeviceCore<cuda::Optimizer<Tiers>, TorchCudaDevice>>(device, hyper, o);
+}
+
+/// Registers the CUDA engine of Tiers while it lives (SKEWADAM_LIBTORCH_CUDA).
+template <class Tiers>
+struct RegisterCudaCore {
+  RegisterCudaCore() { register_device_core<Tiers>("cuda", &make_cuda_core<Tiers>); }
+};
+
+}  // namespace skewadam::libtorch
+
+#define SKEWADAM_LIBTORCH_CUDA_CONCAT_(a, b) a##b
+#define SKEWADAM_LIBTORCH_CUDA_NAME_(line) SKEWADAM_LIBTORCH_CUDA_CONCAT_(skewadam_libtorch_cuda_, line)
+/// Builds and registers the CUDA engine of `Tiers` (a TierRules variant) for
+/// skewadam::libtorch::Optimizer<Tiers>; once per variant, at namespace scope.
+#define SKEWADAM_LIBTORCH_CUDA(Tiers) \
+  static const ::skewadam::libtorch::RegisterCudaCore<Tiers> SKEWADAM_LIBTORCH_CUDA_NAME_(__LINE__){};
