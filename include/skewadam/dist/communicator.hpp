@@ -73,6 +73,53 @@ class SelfCommunicator {
 };
 static_assert(Communicator<SelfCommunicator>, "SelfCommunicator must model Communicator");
 
+namespace detail {
+/// Communicator implementations' argument checks, before anything is sent.
+inline void check_all_gather(std::size_t mine, std::size_t all, int size) {
+  if (all != mine * static_cast<std::size_t>(size))
+    throw std::invalid_argument("all: holds " + std::to_string(all) + " bytes, expected " +
+                                std::to_string(mine * static_cast<std::size_t>(size)));
+}
+/// Returns the total byte count.
+inline std::size_t check_all_gather_v(std::size_t mine, std::size_t all, std::span<const std::size_t> counts, int rank,
+                                      int size) {
+  if (counts.size() != static_cast<std::size_t>(size))
+    throw std::invalid_argument("counts: has " + std::to_string(counts.size()) + " entries for " + std::to_string(size) +
+                                " ranks");
+  if (counts[static_cast<std::size_t>(rank)] != mine)
+    throw std::invalid_argument("counts[" + std::to_string(rank) + "] = " +
+                                std::to_string(counts[static_cast<std::size_t>(rank)]) + " differs from this rank's " +
+                                std::to_string(mine) + " bytes");
+  std::size_t total = 0;
+  for (std::size_t c : counts) total += c;
+  if (all != total)
+    throw std::invalid_argument("all: holds " + std::to_string(all) + " bytes, the counts sum to " +
+                                std::to_string(total));
+  return total;
+}
+/// all_gather_v through an all_gather of equal sizes (for transports that
+/// have no gather of unequal counts): every rank's bytes padded to the
+/// largest count, gathered into `room`, then packed. The counts must have
+/// been checked (check_all_gather_v).
+template <class Gather>
+void all_gather_v_padded(std::span<const std::byte> mine, std::span<std::byte> all, std::span<const std::size_t> counts,
+                         std::vector<std::byte>& room, Gather&& all_gather) {
+  std::size_t widest = 0;
+  for (std::size_t c : counts) widest = c > widest ? c : widest;
+  if (widest == 0) return;
+  const std::size_t ranks = counts.size();
+  room.assign(widest * (ranks + 1), std::byte{0});
+  if (!mine.empty()) std::memcpy(room.data(), mine.data(), mine.size());
+  const std::span<std::byte> gathered(room.data() + widest, widest * ranks);
+  all_gather(std::span<const std::byte>(room.data(), widest), gathered);
+  std::size_t at = 0;
+  for (std::size_t k = 0; k < ranks; ++k) {
+    if (counts[k] > 0) std::memcpy(all.data() + at, gathered.data() + k * widest, counts[k]);
+    at += counts[k];
+  }
+}
+}  // namespace detail
+
 /// Gathers `mine` (n values of a trivially copyable T) from every rank into
 /// `all` (size() * n values, rank k's at [k n, (k + 1) n)).
 template <Communicator Comm, class T>

@@ -21,7 +21,6 @@
 
 #include <climits>
 #include <cstddef>
-#include <numeric>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -103,25 +102,13 @@ class MpiCommunicator {
   MPI_Comm native() const noexcept { return comm_; }
 
   void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) {
-    if (all.size() != mine.size() * static_cast<std::size_t>(size_))
-      throw std::invalid_argument("all: holds " + std::to_string(all.size()) + " bytes, expected " +
-                                  std::to_string(mine.size() * static_cast<std::size_t>(size_)));
+    dist::detail::check_all_gather(mine.size(), all.size(), size_);
     const int n = detail::count_of(mine.size(), "mine");
     detail::check(MPI_Allgather(mine.data(), n, MPI_BYTE, all.data(), n, MPI_BYTE, comm_), "MPI_Allgather");
   }
 
   void all_gather_v(std::span<const std::byte> mine, std::span<std::byte> all, std::span<const std::size_t> counts) {
-    if (counts.size() != static_cast<std::size_t>(size_))
-      throw std::invalid_argument("counts: has " + std::to_string(counts.size()) + " entries for " +
-                                  std::to_string(size_) + " ranks");
-    if (counts[static_cast<std::size_t>(rank_)] != mine.size())
-      throw std::invalid_argument("counts[" + std::to_string(rank_) + "] = " +
-                                  std::to_string(counts[static_cast<std::size_t>(rank_)]) +
-                                  " differs from this rank's " + std::to_string(mine.size()) + " bytes");
-    const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-    if (all.size() != total)
-      throw std::invalid_argument("all: holds " + std::to_string(all.size()) + " bytes, the counts sum to " +
-                                  std::to_string(total));
+    const std::size_t total = dist::detail::check_all_gather_v(mine.size(), all.size(), counts, rank_, size_);
     detail::count_of(total, "all");
     counts_.resize(counts.size());
     displs_.resize(counts.size());

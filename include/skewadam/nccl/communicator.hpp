@@ -18,7 +18,6 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <span>
@@ -62,9 +61,7 @@ class NcclCommunicator {
 
   void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) {
     const std::size_t n = mine.size();
-    if (all.size() != n * static_cast<std::size_t>(size_))
-      throw std::invalid_argument("all: holds " + std::to_string(all.size()) + " bytes, expected " +
-                                  std::to_string(n * static_cast<std::size_t>(size_)));
+    dist::detail::check_all_gather(n, all.size(), size_);
     if (n == 0) return;
     std::byte* d = room(n * (static_cast<std::size_t>(size_) + 1));
     std::byte* recv = d + n;
@@ -74,28 +71,9 @@ class NcclCommunicator {
   }
 
   void all_gather_v(std::span<const std::byte> mine, std::span<std::byte> all, std::span<const std::size_t> counts) {
-    if (counts.size() != static_cast<std::size_t>(size_))
-      throw std::invalid_argument("counts: has " + std::to_string(counts.size()) + " entries for " +
-                                  std::to_string(size_) + " ranks");
-    if (counts[static_cast<std::size_t>(rank_)] != mine.size())
-      throw std::invalid_argument("counts[" + std::to_string(rank_) + "] differs from this rank's byte count");
-    std::size_t total = 0, widest = 0;
-    for (std::size_t c : counts) {
-      total += c;
-      widest = std::max(widest, c);
-    }
-    if (all.size() != total)
-      throw std::invalid_argument("all: holds " + std::to_string(all.size()) + " bytes, the counts sum to " +
-                                  std::to_string(total));
-    std::vector<std::byte> padded_mine(widest, std::byte{0});
-    if (!mine.empty()) std::memcpy(padded_mine.data(), mine.data(), mine.size());
-    std::vector<std::byte> padded(widest * static_cast<std::size_t>(size_));
-    all_gather(padded_mine, padded);
-    std::size_t at = 0;
-    for (std::size_t k = 0; k < counts.size(); ++k) {
-      if (counts[k]) std::memcpy(all.data() + at, padded.data() + k * widest, counts[k]);
-      at += counts[k];
-    }
+    dist::detail::check_all_gather_v(mine.size(), all.size(), counts, rank_, size_);
+    dist::detail::all_gather_v_padded(mine, all, counts, padded_,
+                                      [&](std::span<const std::byte> in, std::span<std::byte> out) { all_gather(in, out); });
   }
 
   void all_reduce_sum(std::span<float> values) { reduce(values.data(), values.size(), sizeof(float), ncclFloat); }
@@ -151,6 +129,7 @@ class NcclCommunicator {
   int size_ = 1;
   std::byte* device_ = nullptr;
   std::size_t capacity_ = 0;
+  std::vector<std::byte> padded_;  // all_gather_v's padded bytes
 };
 static_assert(dist::Communicator<NcclCommunicator>, "NcclCommunicator must model skewadam::dist::Communicator");
 

@@ -30,12 +30,10 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
-#include <numeric>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -74,37 +72,17 @@ class ProcessGroupCommunicator {
   at::Device staging() const noexcept { return staging_; }
 
   void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) {
-    const std::size_t n = mine.size();
-    if (all.size() != n * static_cast<std::size_t>(size_))
-      throw std::invalid_argument("all: holds " + std::to_string(all.size()) + " bytes, expected " +
-                                  std::to_string(n * static_cast<std::size_t>(size_)));
-    if (n == 0) return;  // every rank sends nothing: no call
-    gather_equal(mine.data(), n, all.data());
+    dist::detail::check_all_gather(mine.size(), all.size(), size_);
+    if (mine.empty()) return;  // every rank sends nothing: no call
+    gather_equal(mine.data(), mine.size(), all.data());
   }
 
   void all_gather_v(std::span<const std::byte> mine, std::span<std::byte> all, std::span<const std::size_t> counts) {
-    if (counts.size() != static_cast<std::size_t>(size_))
-      throw std::invalid_argument("counts: has " + std::to_string(counts.size()) + " entries for " +
-                                  std::to_string(size_) + " ranks");
-    if (counts[static_cast<std::size_t>(rank_)] != mine.size())
-      throw std::invalid_argument("counts[" + std::to_string(rank_) + "] = " +
-                                  std::to_string(counts[static_cast<std::size_t>(rank_)]) +
-                                  " differs from this rank's " + std::to_string(mine.size()) + " bytes");
-    const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-    if (all.size() != total)
-      throw std::invalid_argument("all: holds " + std::to_string(all.size()) + " bytes, the counts sum to " +
-                                  std::to_string(total));
-    const std::size_t widest = *std::max_element(counts.begin(), counts.end());
-    if (widest == 0) return;
-    padded_.assign(widest * static_cast<std::size_t>(size_ + 1), std::byte{0});
-    if (!mine.empty()) std::memcpy(padded_.data(), mine.data(), mine.size());
-    std::byte* gathered = padded_.data() + widest;
-    gather_equal(padded_.data(), widest, gathered);
-    std::size_t at = 0;
-    for (std::size_t k = 0; k < counts.size(); ++k) {
-      if (counts[k] > 0) std::memcpy(all.data() + at, gathered + k * widest, counts[k]);
-      at += counts[k];
-    }
+    dist::detail::check_all_gather_v(mine.size(), all.size(), counts, rank_, size_);
+    dist::detail::all_gather_v_padded(mine, all, counts, padded_,
+                                      [&](std::span<const std::byte> in, std::span<std::byte> out) {
+                                        gather_equal(in.data(), in.size(), out.data());
+                                      });
   }
 
   void all_reduce_sum(std::span<float> values) { reduce_sum(values.data(), values.size(), at::kFloat); }
