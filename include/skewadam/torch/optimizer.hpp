@@ -415,7 +415,7 @@ class Optimizer : public ::torch::optim::Optimizer {
     check_groups();
     for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
     consolidated_.reset();  // a consolidated checkpoint is of the state before this step
-    grad_copies_.clear();   // (the last step's are no longer read: same stream)
+    grad_copies_.clear();   // a device step's: no longer read (this step is on the same stream)
 
     try {
       for (Param& p : params_) {
@@ -451,6 +451,7 @@ class Optimizer : public ::torch::optim::Optimizer {
       throw;
     }
     core_->clear_grads();
+    if (!core_->counts_on_device()) grad_copies_.clear();  // the CPU step is done with them
     if (core_->counts_on_device()) {
       // the counts stay on the device: a parameter that had a gradient is
       // taken as written (param_state() and last_step() read the answer)
@@ -751,7 +752,7 @@ class Optimizer : public ::torch::optim::Optimizer {
   std::nullptr_t comm_ = nullptr;
 #endif
   std::unique_ptr<Core> core_;
-  std::vector<at::Tensor> grad_copies_;                 // non-contiguous gradients of the last step
+  std::vector<at::Tensor> grad_copies_;                 // non-contiguous gradients a device step may still read
   std::optional<std::vector<std::byte>> consolidated_;  // sharded, rank 0: consolidate_checkpoint()'s bytes
 };
 
