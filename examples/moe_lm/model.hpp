@@ -1,10 +1,11 @@
 #pragma once
-// A small decoder-only Mixture-of-Experts language model in LibTorch.
+// A decoder-only Mixture-of-Experts language model in LibTorch.
 //
 //   tokens -> token embedding + learned position embedding
-//   blocks: pre-LayerNorm causal self-attention, then a feed-forward layer:
-//           a dense SwiGLU in even blocks, a Mixture of SwiGLU experts with a
-//           top-k router and a load-balancing loss in odd blocks
+//   blocks: pre-LayerNorm causal self-attention (grouped-query when kv_heads
+//           < heads), then a feed-forward layer: a dense SwiGLU in even
+//           blocks, a Mixture of SwiGLU experts with a top-k router and a
+//           load-balancing loss in odd blocks
 //   final LayerNorm -> LM head tied to the token embedding
 //
 // Parameter names follow the usual MoE checkpoints, so that skewadam's
@@ -15,6 +16,11 @@
 //   blocks.1.moe.experts.down_proj             [E, ff, d]     -> experts
 //   blocks.0.ffn.gate_proj.weight              [ff, d]        -> backbone (a dense FFN's gate_proj)
 //   tok_emb.weight, pos_emb.weight, blocks.*.attn.*, *.ln*.*  -> backbone
+//
+// Parameters are created where they will live (ModelConfig::device, the
+// "meta" device included, where nothing is allocated) in ModelConfig::dtype,
+// except the LayerNorms and the router, which stay fp32 as in the paper's
+// model (SPEC section 6). Each layer computes in its weights' dtype.
 
 #include <torch/torch.h>
 
@@ -28,15 +34,20 @@
 namespace moe_lm {
 
 struct ModelConfig {
-  std::int64_t vocab = 256;      ///< byte-level tokens
+  std::int64_t vocab = 256;      ///< byte-level tokens (a larger table only adds rows)
   std::int64_t d_model = 128;
   std::int64_t heads = 4;
+  std::int64_t kv_heads = 0;     ///< key/value heads (grouped-query attention); 0: heads
   std::int64_t context = 128;    ///< longest sequence (learned positions)
   std::int64_t layers = 2;       ///< blocks; odd ones are MoE
   std::int64_t dense_ff = 384;   ///< hidden width of the dense SwiGLU
   std::int64_t experts = 16;     ///< experts per MoE layer
   std::int64_t expert_ff = 256;  ///< hidden width of each expert
   std::int64_t top_k = 2;
+  torch::ScalarType dtype = torch::kFloat;  ///< weights (LayerNorms and routers: fp32)
+  torch::Device device = torch::kCPU;
+
+  std::int64_t key_value_heads() const { return kv_heads == 0 ? heads : kv_heads; }
 
   void validate() const {
     auto positive = [](std::int64_t v, const char* what) {
@@ -51,73 +62,122 @@ struct ModelConfig {
     positive(experts, "experts");
     positive(expert_ff, "expert_ff");
     positive(top_k, "top_k");
+    if (kv_heads < 0) throw std::invalid_argument("ModelConfig.kv_heads must be >= 0");
     if (d_model % heads != 0) throw std::invalid_argument("ModelConfig.d_model must be a multiple of heads");
+    if (heads % key_value_heads() != 0) throw std::invalid_argument("ModelConfig.heads must be a multiple of kv_heads");
     if (top_k > experts) throw std::invalid_argument("ModelConfig.top_k must not exceed experts");
+    if (dtype != torch::kFloat && dtype != torch::kBFloat16 && dtype != torch::kHalf)
+      throw std::invalid_argument("ModelConfig.dtype must be float32, bfloat16 or float16");
   }
 };
 
 inline constexpr double init_std = 0.02;
 
+/// A new parameter on `options`' device and dtype, drawn from N(0, std).
+inline torch::Tensor normal_parameter(torch::IntArrayRef shape, const torch::TensorOptions& options, double std) {
+  torch::NoGradGuard no_grad;
+  return torch::empty(shape, options).normal_(0.0, std);
+}
+
+/// y = x W^T, no bias; W [out, in].
+class DenseImpl : public torch::nn::Module {
+ public:
+  DenseImpl(std::int64_t in, std::int64_t out, const torch::TensorOptions& options, double std)
+      : weight(register_parameter("weight", normal_parameter({out, in}, options, std))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::nn::functional::linear(x.to(weight.scalar_type()), weight);
+  }
+  torch::Tensor weight;
+};
+TORCH_MODULE(Dense);
+
+/// A lookup table [n, d].
+class EmbeddingTableImpl : public torch::nn::Module {
+ public:
+  EmbeddingTableImpl(std::int64_t n, std::int64_t d, const torch::TensorOptions& options)
+      : weight(register_parameter("weight", normal_parameter({n, d}, options, init_std))) {}
+  torch::Tensor forward(const torch::Tensor& idx) { return torch::embedding(weight, idx); }
+  torch::Tensor weight;
+};
+TORCH_MODULE(EmbeddingTable);
+
+/// LayerNorm with weight and bias, computed in its parameters' dtype (fp32
+/// unless the module was converted); returns the input's dtype.
+class NormImpl : public torch::nn::Module {
+ public:
+  NormImpl(std::int64_t d, torch::Device device)
+      : weight(register_parameter("weight", torch::ones({d}, torch::TensorOptions().device(device)))),
+        bias(register_parameter("bias", torch::zeros({d}, torch::TensorOptions().device(device)))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::layer_norm(x.to(weight.scalar_type()), {weight.size(0)}, weight, bias).to(x.scalar_type());
+  }
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(Norm);
+
+/// Causal self-attention; heads/kv_heads query heads share each key/value
+/// head. One projection `qkv` of [(heads + 2 kv_heads) * head_dim, d].
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
-  CausalSelfAttentionImpl(const ModelConfig& c, double out_std)
+  CausalSelfAttentionImpl(const ModelConfig& c, const torch::TensorOptions& options, double out_std)
       : heads_(c.heads),
-        qkv(register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, 3 * c.d_model).bias(false)))),
-        out(register_module("out", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, c.d_model).bias(false)))) {
-    torch::NoGradGuard no_grad;
-    qkv->weight.normal_(0.0, init_std);
-    out->weight.normal_(0.0, out_std);
-  }
+        kv_heads_(c.key_value_heads()),
+        qkv(register_module("qkv", Dense(c.d_model, c.d_model + 2 * c.key_value_heads() * (c.d_model / c.heads),
+                                         options, init_std))),
+        out(register_module("out", Dense(c.d_model, c.d_model, options, out_std))) {}
 
   torch::Tensor forward(const torch::Tensor& x) {
     const auto b = x.size(0), t = x.size(1), d = x.size(2), hd = d / heads_;
-    auto parts = qkv->forward(x).view({b, t, 3, heads_, hd}).permute({2, 0, 3, 1, 4});  // [3, B, H, T, hd]
-    const torch::Tensor q = parts[0], k = parts[1], v = parts[2];
+    const auto parts = qkv->forward(x).split({heads_ * hd, kv_heads_ * hd, kv_heads_ * hd}, -1);
+    const auto q = parts[0].view({b, t, heads_, hd}).transpose(1, 2);  // [B, H, T, hd]
+    auto k = parts[1].view({b, t, kv_heads_, hd}).transpose(1, 2);      // [B, KV, T, hd]
+    auto v = parts[2].view({b, t, kv_heads_, hd}).transpose(1, 2);
+    if (kv_heads_ != heads_) {
+      k = k.repeat_interleave(heads_ / kv_heads_, 1);
+      v = v.repeat_interleave(heads_ / kv_heads_, 1);
+    }
     auto scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
-    const auto future = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
+    const auto future = torch::ones({t, t}, x.options().dtype(torch::kBool)).triu(1);
     scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
     auto y = torch::matmul(torch::softmax(scores, -1), v);  // [B, H, T, hd]
     return out->forward(y.transpose(1, 2).reshape({b, t, d}));
   }
 
  private:
-  std::int64_t heads_;
+  std::int64_t heads_, kv_heads_;
 
  public:
-  torch::nn::Linear qkv, out;
+  Dense qkv, out;
 };
 TORCH_MODULE(CausalSelfAttention);
 
 /// Dense SwiGLU feed-forward: down(silu(gate(x)) * up(x)).
 class SwiGLUImpl : public torch::nn::Module {
  public:
-  SwiGLUImpl(std::int64_t d, std::int64_t ff, double out_std)
-      : gate_proj(register_module("gate_proj", torch::nn::Linear(torch::nn::LinearOptions(d, ff).bias(false)))),
-        up_proj(register_module("up_proj", torch::nn::Linear(torch::nn::LinearOptions(d, ff).bias(false)))),
-        down_proj(register_module("down_proj", torch::nn::Linear(torch::nn::LinearOptions(ff, d).bias(false)))) {
-    torch::NoGradGuard no_grad;
-    gate_proj->weight.normal_(0.0, init_std);
-    up_proj->weight.normal_(0.0, init_std);
-    down_proj->weight.normal_(0.0, out_std);
-  }
+  SwiGLUImpl(std::int64_t d, std::int64_t ff, const torch::TensorOptions& options, double out_std)
+      : gate_proj(register_module("gate_proj", Dense(d, ff, options, init_std))),
+        up_proj(register_module("up_proj", Dense(d, ff, options, init_std))),
+        down_proj(register_module("down_proj", Dense(ff, d, options, out_std))) {}
   torch::Tensor forward(const torch::Tensor& x) {
     return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
   }
-  torch::nn::Linear gate_proj, up_proj, down_proj;
+  Dense gate_proj, up_proj, down_proj;
 };
 TORCH_MODULE(SwiGLU);
 
 /// The experts of one MoE layer as stacked banks [E, rows, cols].
 class ExpertBankImpl : public torch::nn::Module {
  public:
-  ExpertBankImpl(std::int64_t experts, std::int64_t d, std::int64_t ff, double out_std) {
-    gate_proj = register_parameter("gate_proj", torch::empty({experts, d, ff}).normal_(0.0, init_std));
-    up_proj = register_parameter("up_proj", torch::empty({experts, d, ff}).normal_(0.0, init_std));
-    down_proj = register_parameter("down_proj", torch::empty({experts, ff, d}).normal_(0.0, out_std));
+  ExpertBankImpl(std::int64_t experts, std::int64_t d, std::int64_t ff, const torch::TensorOptions& options,
+                 double out_std) {
+    gate_proj = register_parameter("gate_proj", normal_parameter({experts, d, ff}, options, init_std));
+    up_proj = register_parameter("up_proj", normal_parameter({experts, d, ff}, options, init_std));
+    down_proj = register_parameter("down_proj", normal_parameter({experts, ff, d}, options, out_std));
   }
   /// SwiGLU of expert e on the rows of x ([n, d]).
   torch::Tensor forward(std::int64_t e, const torch::Tensor& x) {
-    return torch::matmul(torch::silu(torch::matmul(x, gate_proj[e])) * torch::matmul(x, up_proj[e]), down_proj[e]);
+    const auto xe = x.to(gate_proj.scalar_type());
+    return torch::matmul(torch::silu(torch::matmul(xe, gate_proj[e])) * torch::matmul(xe, up_proj[e]), down_proj[e]);
   }
   torch::Tensor gate_proj, up_proj, down_proj;
 };
@@ -129,34 +189,33 @@ struct MoEOutput {
   std::vector<std::int64_t> counts;  ///< tokens routed to each expert (top-k assignments)
 };
 
-/// Mixture of SwiGLU experts with a top-k softmax router. Each token goes to
-/// its k most probable experts; their outputs are mixed with the renormalised
-/// router probabilities. Load-balancing loss (Switch Transformer):
-/// E * sum_e f_e * P_e, f_e = share of assignments to e, P_e = mean probability.
+/// Mixture of SwiGLU experts with a top-k softmax router (fp32). Each token
+/// goes to its k most probable experts; their outputs are mixed with the
+/// renormalised router probabilities. Load-balancing loss (Switch
+/// Transformer): E * sum_e f_e * P_e, f_e = share of assignments to e,
+/// P_e = mean probability.
 class MoEImpl : public torch::nn::Module {
  public:
-  MoEImpl(const ModelConfig& c, double out_std)
+  MoEImpl(const ModelConfig& c, const torch::TensorOptions& options, double out_std)
       : experts_(c.experts),
         top_k_(c.top_k),
-        router(register_module("router", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, c.experts).bias(false)))),
-        experts(register_module("experts", ExpertBank(c.experts, c.d_model, c.expert_ff, out_std))) {
-    torch::NoGradGuard no_grad;
-    router->weight.normal_(0.0, init_std);
-  }
+        router(register_module("router", Dense(c.d_model, c.experts, options.dtype(torch::kFloat), init_std))),
+        experts(register_module("experts", ExpertBank(c.experts, c.d_model, c.expert_ff, options, out_std))) {}
 
   MoEOutput forward(const torch::Tensor& x) {  // x: [N, d]
     const auto n = x.size(0);
-    const auto probs = torch::softmax(router->forward(x), -1);  // [N, E]
-    auto [top_p, top_i] = probs.topk(top_k_, -1);                 // [N, k]
-    const auto weights = top_p / top_p.sum(-1, true);
+    const auto probs = torch::softmax(router->forward(x).to(torch::kFloat), -1);  // [N, E]
+    auto [top_p, top_i] = probs.topk(top_k_, -1);                                // [N, k]
+    const auto weights = (top_p / top_p.sum(-1, true)).to(x.scalar_type());
     const auto flat_expert = top_i.reshape({-1});
-    const auto flat_token = torch::arange(n, torch::kLong).repeat_interleave(top_k_);
+    const auto flat_token = torch::arange(n, x.options().dtype(torch::kLong)).repeat_interleave(top_k_);
     const auto flat_weight = weights.reshape({-1});
     const auto order = flat_expert.argsort();
     const auto counts_t = torch::bincount(flat_expert, {}, experts_);
 
     MoEOutput out;
-    out.counts.assign(counts_t.data_ptr<std::int64_t>(), counts_t.data_ptr<std::int64_t>() + experts_);
+    const auto counts_host = counts_t.to(torch::kCPU);
+    out.counts.assign(counts_host.data_ptr<std::int64_t>(), counts_host.data_ptr<std::int64_t>() + experts_);
     std::vector<torch::Tensor> tokens, outputs;
     std::int64_t start = 0;
     for (std::int64_t e = 0; e < experts_; ++e) {
@@ -165,7 +224,8 @@ class MoEImpl : public torch::nn::Module {
       const auto slots = order.narrow(0, start, count);
       start += count;
       const auto token = flat_token.index_select(0, slots);
-      const auto ye = experts->forward(e, x.index_select(0, token)) * flat_weight.index_select(0, slots).unsqueeze(1);
+      const auto ye = experts->forward(e, x.index_select(0, token)).to(x.scalar_type()) *
+                      flat_weight.index_select(0, slots).unsqueeze(1);
       tokens.push_back(token);
       outputs.push_back(ye);
     }
@@ -179,34 +239,34 @@ class MoEImpl : public torch::nn::Module {
   std::int64_t experts_, top_k_;
 
  public:
-  torch::nn::Linear router;
+  Dense router;
   ExpertBank experts;
 };
 TORCH_MODULE(MoE);
 
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const ModelConfig& c, bool moe_block) {
+  BlockImpl(const ModelConfig& c, const torch::TensorOptions& options, bool moe_block) {
     const double out_std = init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
-    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
-    attn = register_module("attn", CausalSelfAttention(c, out_std));
-    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
-    if (moe_block) moe = register_module("moe", MoE(c, out_std));
-    else ffn = register_module("ffn", SwiGLU(c.d_model, c.dense_ff, out_std));
+    ln1 = register_module("ln1", Norm(c.d_model, c.device));
+    attn = register_module("attn", CausalSelfAttention(c, options, out_std));
+    ln2 = register_module("ln2", Norm(c.d_model, c.device));
+    if (moe_block) moe = register_module("moe", MoE(c, options, out_std));
+    else ffn = register_module("ffn", SwiGLU(c.d_model, c.dense_ff, options, out_std));
   }
 
   /// Returns the block's output; adds its balance loss to `balance` (MoE blocks).
   torch::Tensor forward(const torch::Tensor& x, torch::Tensor& balance) {
-    auto h = x + attn->forward(ln1->forward(x));
+    auto h = x + attn->forward(ln1->forward(x)).to(x.scalar_type());
     const auto z = ln2->forward(h);
-    if (!moe) return h + ffn->forward(z);
+    if (!moe) return h + ffn->forward(z).to(x.scalar_type());
     const auto shape = z.sizes().vec();
     MoEOutput m = moe->forward(z.reshape({-1, shape.back()}));
     balance = balance.defined() ? balance + m.balance_loss : m.balance_loss;
     return h + m.y.view(shape);
   }
 
-  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  Norm ln1{nullptr}, ln2{nullptr};
   CausalSelfAttention attn{nullptr};
   SwiGLU ffn{nullptr};
   MoE moe{nullptr};
@@ -222,20 +282,20 @@ class MoELMImpl : public torch::nn::Module {
  public:
   explicit MoELMImpl(const ModelConfig& c) : config(c) {
     c.validate();
-    tok_emb = register_module("tok_emb", torch::nn::Embedding(c.vocab, c.d_model));
-    pos_emb = register_module("pos_emb", torch::nn::Embedding(c.context, c.d_model));
+    const auto options = torch::TensorOptions().dtype(c.dtype).device(c.device);
+    tok_emb = register_module("tok_emb", EmbeddingTable(c.vocab, c.d_model, options));
+    pos_emb = register_module("pos_emb", EmbeddingTable(c.context, c.d_model, options));
     blocks = register_module("blocks", torch::nn::ModuleList());
-    for (std::int64_t i = 0; i < c.layers; ++i) blocks->push_back(Block(c, i % 2 == 1));
-    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
-    torch::NoGradGuard no_grad;
-    tok_emb->weight.normal_(0.0, init_std);
-    pos_emb->weight.normal_(0.0, init_std);
+    for (std::int64_t i = 0; i < c.layers; ++i) blocks->push_back(Block(c, options, i % 2 == 1));
+    ln_f = register_module("ln_f", Norm(c.d_model, c.device));
   }
 
-  LMOutput forward(const torch::Tensor& idx) {  // idx: [B, T] int64
+  /// idx: [B, T] int64 token ids on the model's device (or the CPU: moved).
+  LMOutput forward(const torch::Tensor& idx) {
     const auto t = idx.size(1);
     if (t > config.context) throw std::invalid_argument("sequence longer than the model's context");
-    auto h = tok_emb->forward(idx) + pos_emb->forward(torch::arange(t, torch::kLong));
+    const auto tokens = idx.to(tok_emb->weight.device());
+    auto h = tok_emb->forward(tokens) + pos_emb->forward(torch::arange(t, tokens.options()));
     torch::Tensor balance;
     std::int64_t moe_layers = 0;
     for (const auto& m : *blocks) {
@@ -246,20 +306,22 @@ class MoELMImpl : public torch::nn::Module {
     h = ln_f->forward(h);
     LMOutput out;
     out.logits = torch::nn::functional::linear(h, tok_emb->weight);  // tied LM head
-    out.balance_loss = moe_layers > 0 ? balance / static_cast<double>(moe_layers) : torch::zeros({});
+    out.balance_loss = moe_layers > 0 ? balance / static_cast<double>(moe_layers)
+                                      : torch::zeros({}, h.options().dtype(torch::kFloat));
     return out;
   }
 
   ModelConfig config;
-  torch::nn::Embedding tok_emb{nullptr}, pos_emb{nullptr};
+  EmbeddingTable tok_emb{nullptr}, pos_emb{nullptr};
   torch::nn::ModuleList blocks{nullptr};
-  torch::nn::LayerNorm ln_f{nullptr};
+  Norm ln_f{nullptr};
 };
 TORCH_MODULE(MoELM);
 
-/// Next-token cross-entropy of logits [B, T, V] against targets [B, T].
+/// Next-token cross-entropy of logits [B, T, V] against targets [B, T], in fp32.
 inline torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                                              targets.reshape({-1}).to(logits.device()));
 }
 
 }  // namespace moe_lm
