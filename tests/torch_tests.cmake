@@ -48,14 +48,52 @@ if(SKEWADAM_CUDA_EMULATION_TESTS AND TARGET skewadam_tooling)
     ${CMAKE_CURRENT_LIST_DIR}/unit_torch/device_engine_emulated.cpp
     ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_adapter.cpp)
   target_link_libraries(skewadam-torch-device-tests PRIVATE skewadam-torch-test-common skewadam_tooling)
-  # (test_adapter.cpp compares the adapter with the library on this backend)
-  target_compile_definitions(skewadam-torch-device-tests PRIVATE SKEWADAM_TORCH_TEST_EMULATED_DEVICE)
   # (the two training runs are left out: 80 s on the emulated kernels, and
   # their steps are those the other cases check bit for bit)
   add_test(NAME torch-adapter/device-engine-emulated
            COMMAND skewadam-torch-device-tests "--test-case-exclude=*training run*")
   set_tests_properties(torch-adapter/device-engine-emulated PROPERTIES LABELS "torch;cuda-emulation"
                        ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=passive")
+endif()
+
+# The same tests on CUDA tensors, where LibTorch is a CUDA build and the
+# project's CUDA backend is on (-DSKEWADAM_WITH_CUDA=ON): every source
+# compiled again with SKEWADAM_TORCH_TEST_CUDA (the tests' tensors on the
+# GPU), and unit_torch/cuda_engines.cu, compiled by nvcc, registering the
+# library's CUDA engines. scripts/gpu-check builds and runs them; without a
+# GPU they are skipped.
+if(SKEWADAM_WITH_CUDA AND CAFFE2_USE_CUDA AND TARGET skewadam::cuda)
+  add_executable(skewadam-torch-cuda-tests
+    ${CMAKE_CURRENT_LIST_DIR}/unit_torch/main.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_adapter.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_serialize.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_tier_rules.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_training.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/unit_torch/cuda_engines.cu)
+  target_include_directories(skewadam-torch-cuda-tests PRIVATE
+    ${CMAKE_CURRENT_LIST_DIR}/unit_torch
+    ${CMAKE_CURRENT_LIST_DIR}/../examples/moe_lm)
+  target_link_libraries(skewadam-torch-cuda-tests PRIVATE skewadam::cuda ${TORCH_LIBRARIES} doctest::doctest)
+  target_compile_features(skewadam-torch-cuda-tests PRIVATE cxx_std_20)
+  target_compile_definitions(skewadam-torch-cuda-tests PRIVATE SKEWADAM_TORCH_TEST_CUDA)
+  add_test(NAME torch-adapter/cuda COMMAND skewadam-torch-cuda-tests)
+  set_tests_properties(torch-adapter/cuda PROPERTIES LABELS "torch;torch-cuda" SKIP_RETURN_CODE 77
+                       ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=passive")
+elseif(SKEWADAM_WITH_CUDA AND TARGET skewadam::cuda)
+  # A CPU-only LibTorch (Debian's) still ships c10's CUDA headers, all but the
+  # one its CUDA build generates (c10/cuda/impl/cuda_cmake_macros.h). With that
+  # one written here, nvcc compiles the CUDA engines' translation unit
+  # (torch/cuda.cuh, every variant) against them: an object library, built by
+  # CI; it cannot be linked without a CUDA LibTorch.
+  find_file(SKEWADAM_C10_CUDA_GUARD c10/cuda/CUDAGuard.h PATHS ${TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH)
+  if(SKEWADAM_C10_CUDA_GUARD)
+    set(_c10_generated ${CMAKE_CURRENT_BINARY_DIR}/c10_cuda_generated)
+    file(WRITE ${_c10_generated}/c10/cuda/impl/cuda_cmake_macros.h
+         "#pragma once\n// written by tests/torch_tests.cmake: a CUDA build of LibTorch generates this file\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+    add_library(skewadam-torch-cuda-compile OBJECT ${CMAKE_CURRENT_LIST_DIR}/unit_torch/cuda_engines.cu)
+    target_include_directories(skewadam-torch-cuda-compile SYSTEM PRIVATE ${_c10_generated} ${TORCH_INCLUDE_DIRS})
+    target_link_libraries(skewadam-torch-cuda-compile PRIVATE skewadam::cuda)
+  endif()
 endif()
 
 # Sharding over a torch process group: Gloo on the CPU, 2 to 4 processes

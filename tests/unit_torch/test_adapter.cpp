@@ -2,16 +2,12 @@
 // does on the same inputs, and rejects what it cannot handle.
 
 #include <skewadam/torch/optimizer.hpp>
-#if defined(SKEWADAM_TORCH_TEST_EMULATED_DEVICE)
-#include <skewadam_tools/emulated_runtime.hpp>
-
-#include <skewadam/placement/local_cuda.hpp>
-#endif
 
 #include <doctest/doctest.h>
 
 #include <torch/torch.h>
 
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -29,13 +25,33 @@ skewadam::PerTier<skewadam::Hyperparameters> tier_hyperparameters() {
           skewadam::Hyperparameters{.lr = 1e-3, .eps = 1e-10, .clip_threshold = 0.5}};
 }
 
-// The library's optimizer the adapter is compared with: on the backend the
-// adapter's engine uses (skewadam-torch-device-tests: the emulated CUDA one).
-#if defined(SKEWADAM_TORCH_TEST_EMULATED_DEVICE)
-using ReferenceBackend = skewadam::tools::EmulatedCuda;
-#else
-using ReferenceBackend = skewadam::backend::DefaultBackend;
-#endif
+// The library's optimizer the adapter is compared with, on the engine the
+// adapter picks for the test device: the CPU backend, or the engine
+// registered for the device (skewadam-torch-device-tests: the emulated CUDA
+// backend for CPU tensors; skewadam-torch-cuda-tests: the CUDA backend).
+template <class Tiers>
+std::unique_ptr<skewadam::libtorch::Core> reference_core(const skewadam::OptimizerOptions& options) {
+  const torch::Device d = test_device();
+  if (const auto make = skewadam::libtorch::device_core<Tiers>(d.is_cuda() ? "cuda" : "cpu"))
+    return make(tier_hyperparameters(), options, d.has_index() ? d.index() : 0);
+  return std::make_unique<skewadam::libtorch::CoreOf<skewadam::Optimizer<Tiers>>>(tier_hyperparameters(), options);
+}
+
+skewadam::Dtype dtype_of(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kBFloat16 ? skewadam::Dtype::bf16 : skewadam::Dtype::f32;
+}
+
+skewadam::Shape shape_of(const torch::Tensor& t) {
+  return t.dim() == 0 ? skewadam::Shape{1} : skewadam::Shape(t.sizes().begin(), static_cast<skewadam::index_t>(t.dim()));
+}
+
+/// True when a state tensor of the adapter holds exactly the host array's floats.
+bool same_floats(const torch::Tensor& t, const std::vector<float>& host) {
+  if (!t.defined()) return host.empty();
+  const auto c = t.to(torch::kCPU).contiguous();
+  return c.numel() == static_cast<std::int64_t>(host.size()) &&
+         std::memcmp(c.data_ptr(), host.data(), host.size() * sizeof(float)) == 0;
+}
 
 template <class Tiers>
 void check_matches_core(bool clip) {
@@ -50,19 +66,16 @@ void check_matches_core(bool clip) {
   options.max_grad_norm = clip ? 0.05 : 0.0;
   skewadam::libtorch::Optimizer<Tiers> adapter(a, options);
 
-  skewadam::Optimizer<Tiers, ReferenceBackend> core(
-      tier_hyperparameters(),
+  const auto core = reference_core<Tiers>(
       skewadam::OptimizerOptions{.seed = 99, .threads = 2, .max_grad_norm = clip ? 0.05 : 0.0});
   const skewadam::TierAssigner rules;
   std::vector<skewadam::ParamId> ids;
   for (const auto& [name, t] : b) {
-    skewadam::Shape shape = t.dim() == 0 ? skewadam::Shape{1}
-                                         : skewadam::Shape(t.sizes().begin(), static_cast<skewadam::index_t>(t.dim()));
     skewadam::ParamView view;
     view.data = t.data_ptr();
-    view.dtype = t.scalar_type() == torch::kBFloat16 ? skewadam::Dtype::bf16 : skewadam::Dtype::f32;
-    view.shape = shape;
-    ids.push_back(core.add(name, rules.assign(name), view));
+    view.dtype = dtype_of(t);
+    view.shape = shape_of(t);
+    ids.push_back(core->add(name, rules.assign(name), view));
   }
 
   for (int k = 1; k <= 7; ++k) {
@@ -73,23 +86,28 @@ void check_matches_core(bool clip) {
     for (skewadam::Tier t : skewadam::all_tiers)
       adapter.group_options(t).set_lr(tier_hyperparameters()[t].lr * lr_scale);
     adapter.step();
-    // the library: the same gradients through views
+    // the library: the same gradients through views (kept until the step is done)
     std::vector<torch::Tensor> keep;
     for (std::size_t i = 0; i < b.size(); ++i) {
       if (!g[i].defined()) {
-        core.clear_grad(ids[i]);
+        core->clear_grad(ids[i]);
         continue;
       }
       keep.push_back(g[i].contiguous());
       skewadam::GradView gv;
       gv.data = keep.back().data_ptr();
-      gv.dtype = keep.back().scalar_type() == torch::kBFloat16 ? skewadam::Dtype::bf16 : skewadam::Dtype::f32;
-      gv.shape = core.param(ids[i]).shape;
-      core.set_grad(ids[i], gv);
+      gv.dtype = dtype_of(keep.back());
+      gv.shape = shape_of(b[i].second);
+      core->set_grad(ids[i], gv);
     }
-    for (skewadam::Tier t : skewadam::all_tiers) core.set_lr(t, tier_hyperparameters()[t].lr * lr_scale);
-    core.step();
-    core.clear_grads();
+    for (skewadam::Tier t : skewadam::all_tiers) {
+      skewadam::Hyperparameters h = core->hyperparameters(t);
+      h.lr = tier_hyperparameters()[t].lr * lr_scale;
+      core->set_hyperparameters(t, h);
+    }
+    core->step();
+    (void)core->last_step();  // waits for a device engine's step
+    core->clear_grads();
     INFO("step " << k);
     for (std::size_t i = 0; i < a.size(); ++i) {
       INFO("parameter " << a[i].first);
@@ -98,13 +116,17 @@ void check_matches_core(bool clip) {
   }
   // the parameters did change, and the state matches too
   CHECK_FALSE(same_bits(a, start));
-  CHECK(adapter.state_bytes() == core.state_bytes());
+  CHECK(adapter.state_bytes() == core->state_bytes());
+  const skewadam::OptimizerState reference = core->export_state();
   for (std::size_t i = 0; i < b.size(); ++i) {
+    INFO("parameter " << b[i].first);
     const auto& s = adapter.param_state(b[i].first);
-    const auto live = core.state(ids[i]);
+    const auto& live = reference.params[static_cast<std::size_t>(ids[i].index)].state;
     CHECK(s.step == live.step);
-    if (!live.m.empty()) CHECK(std::memcmp(s.m.data_ptr(), live.m.data(), live.m.size() * 4) == 0);
-    if (!live.v_row.empty()) CHECK(std::memcmp(s.v_row.data_ptr(), live.v_row.data(), live.v_row.size() * 4) == 0);
+    CHECK(same_floats(s.m, live.m));
+    CHECK(same_floats(s.v, live.v));
+    CHECK(same_floats(s.v_row, live.v_row));
+    CHECK(same_floats(s.v_col, live.v_col));
   }
 }
 
@@ -146,7 +168,7 @@ TEST_CASE("tiers, param groups and state views") {
 }
 
 TEST_CASE("step() with a closure returns its loss; zero_grad and undefined gradients") {
-  Named ps = {{"w", torch::full({3, 4}, 1.0f)}, {"experts.w", torch::full({2, 3, 4}, 1.0f)}};
+  Named ps = {{"w", on(torch::full({3, 4}, 1.0f))}, {"experts.w", on(torch::full({2, 3, 4}, 1.0f))}};
   skewadam::libtorch::SkewAdam opt(ps, skewadam::libtorch::Options::uniform({.lr = 0.1}));
   for (auto& [n, t] : ps) t.set_requires_grad(true);
   auto closure = [&] {
@@ -165,7 +187,7 @@ TEST_CASE("step() with a closure returns its loss; zero_grad and undefined gradi
 }
 
 TEST_CASE("a tensor under two names is updated once") {
-  torch::Tensor shared = torch::ones({4, 4});
+  torch::Tensor shared = on(torch::ones({4, 4}));
   Named ps = {{"tok_emb.weight", shared}, {"lm_head.weight", shared}};
   skewadam::libtorch::SkewAdam opt(ps);
   CHECK(opt.names().size() == 1);
@@ -182,77 +204,77 @@ TEST_CASE("invalid parameters and gradients raise clear errors") {
     return std::string("no exception");
   };
   SUBCASE("unsupported dtype") {
-    const auto m = message([] { skewadam::libtorch::SkewAdam opt(Named{{"w", torch::ones({2}, torch::kDouble)}}); });
+    const auto m = message([] { skewadam::libtorch::SkewAdam opt(Named{{"w", on(torch::ones({2}, torch::kDouble))}}); });
     CHECK(m.find("parameter 'w'") != std::string::npos);
     CHECK(m.find("Double") != std::string::npos);
   }
   SUBCASE("non-contiguous parameter") {
-    const auto m = message([] { skewadam::libtorch::SkewAdam opt(Named{{"w", torch::ones({4, 3}).t()}}); });
+    const auto m = message([] { skewadam::libtorch::SkewAdam opt(Named{{"w", on(torch::ones({4, 3})).t()}}); });
     CHECK(m.find("parameter 'w': not contiguous") != std::string::npos);
   }
   SUBCASE("no rule matches") {
     skewadam::libtorch::Options o;
     o.tier_rules = skewadam::TierAssigner::from_strings({"experts=experts"}, false);
-    const auto m = message([&] { skewadam::libtorch::SkewAdam opt(Named{{"attn.w", torch::ones({2})}}, o); });
+    const auto m = message([&] { skewadam::libtorch::SkewAdam opt(Named{{"attn.w", on(torch::ones({2}))}}, o); });
     CHECK(m.find("attn.w") != std::string::npos);
     CHECK(m.find("matches no tier rule") != std::string::npos);
   }
   SUBCASE("bad hyperparameters") {
     skewadam::libtorch::Options o;
     o.hyperparameters.router.beta2 = 1.5;
-    const auto m = message([&] { skewadam::libtorch::SkewAdam opt(Named{{"w", torch::ones({2})}}, o); });
+    const auto m = message([&] { skewadam::libtorch::SkewAdam opt(Named{{"w", on(torch::ones({2}))}}, o); });
     CHECK(m.find("router.beta2") != std::string::npos);
   }
   SUBCASE("gradient of the wrong dtype") {
-    Named ps{{"w", torch::ones({2, 2}, torch::kBFloat16)}};
+    Named ps{{"w", on(torch::ones({2, 2}, torch::kBFloat16))}};
     skewadam::libtorch::SkewAdam opt(ps);
-    ps[0].second.mutable_grad() = torch::ones({2, 2}, torch::kHalf);
+    ps[0].second.mutable_grad() = on(torch::ones({2, 2}, torch::kHalf));
     const auto m = message([&] { opt.step(); });
     CHECK(m.find("gradient of 'w'") != std::string::npos);
   }
   SUBCASE("a parameter whose storage moved") {
-    Named ps{{"w", torch::ones({2, 2})}};
+    Named ps{{"w", on(torch::ones({2, 2}))}};
     skewadam::libtorch::SkewAdam opt(ps);
-    ps[0].second.set_data(torch::zeros({2, 2}));
-    ps[0].second.mutable_grad() = torch::ones({2, 2});
+    ps[0].second.set_data(on(torch::zeros({2, 2})));
+    ps[0].second.mutable_grad() = on(torch::ones({2, 2}));
     const auto m = message([&] { opt.step(); });
     CHECK(m.find("parameter 'w'") != std::string::npos);
     CHECK(m.find("moved") != std::string::npos);
   }
   SUBCASE("a group lr set to NaN through torch") {
-    Named ps{{"w", torch::ones({2, 2})}};
+    Named ps{{"w", on(torch::ones({2, 2}))}};
     skewadam::libtorch::SkewAdam opt(ps);
     opt.param_groups()[0].options().set_lr(std::nan(""));
-    ps[0].second.mutable_grad() = torch::ones({2, 2});
+    ps[0].second.mutable_grad() = on(torch::ones({2, 2}));
     CHECK(message([&] { opt.step(); }).find("backbone.lr") != std::string::npos);
   }
   SUBCASE("a parameter added behind the optimizer's back") {
-    Named ps{{"w", torch::ones({2, 2})}};
+    Named ps{{"w", on(torch::ones({2, 2}))}};
     skewadam::libtorch::SkewAdam opt(ps);
-    opt.param_groups()[0].params().push_back(torch::ones({3}));
+    opt.param_groups()[0].params().push_back(on(torch::ones({3})));
     CHECK(message([&] { opt.step(); }).find("only by name") != std::string::npos);
   }
 }
 
 TEST_CASE("non-contiguous and float32 gradients of bf16 parameters are accepted") {
-  Named a{{"w", torch::ones({4, 3}, torch::kBFloat16)}};
+  Named a{{"w", on(torch::ones({4, 3}, torch::kBFloat16))}};
   Named b = clone(a);
   skewadam::libtorch::SkewAdam oa(a), ob(b);
-  const auto g = torch::randn({3, 4}).t();  // float32, not contiguous
+  const auto g = on(torch::randn({3, 4})).t();  // float32, not contiguous
   a[0].second.mutable_grad() = g;
   b[0].second.mutable_grad() = g.contiguous();
   oa.step();
   ob.step();
   CHECK(same_bits(a, b));
-  CHECK_FALSE(same_bits(a[0].second, torch::ones({4, 3}, torch::kBFloat16)));
+  CHECK_FALSE(same_bits(a[0].second, on(torch::ones({4, 3}, torch::kBFloat16))));
 }
 
 TEST_CASE("a step with a non-finite gradient is skipped, or raises, as the options say") {
-  Named ps{{"w", torch::ones({3, 4})}, {"experts.w", torch::ones({2, 3, 4})}};
+  Named ps{{"w", on(torch::ones({3, 4}))}, {"experts.w", on(torch::ones({2, 3, 4}))}};
   const Named before = clone(ps);
   auto bad_grads = [&] {
-    ps[0].second.mutable_grad() = torch::ones({3, 4});
-    auto g = torch::ones({2, 3, 4});
+    ps[0].second.mutable_grad() = on(torch::ones({3, 4}));
+    auto g = on(torch::ones({2, 3, 4}));
     g[1][2][3] = std::numeric_limits<float>::quiet_NaN();
     ps[1].second.mutable_grad() = g;
   };
@@ -267,7 +289,7 @@ TEST_CASE("a step with a non-finite gradient is skipped, or raises, as the optio
     CHECK(same_bits(ps, before));
     CHECK(opt.steps() == 0);
     CHECK(opt.param_state("w").step == 0);
-    ps[1].second.mutable_grad() = torch::ones({2, 3, 4});
+    ps[1].second.mutable_grad() = on(torch::ones({2, 3, 4}));
     opt.step();
     CHECK(opt.last_step().applied);
     CHECK(opt.param_state("w").step == 1);

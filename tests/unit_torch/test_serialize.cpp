@@ -111,6 +111,31 @@ void check_resume(int k, int n, bool load_into_used_optimizer) {
 
 }  // namespace
 
+TEST_CASE("a checkpoint moves from the test device to the CPU and back, state bit for bit") {
+  const Named start = make_params();
+  const Named device_params = clone(start);
+  skewadam::libtorch::SkewAdam a(device_params, test_options());
+  run_steps(a, device_params, start, 1, 4);
+
+  Named host_params;
+  for (const auto& [name, t] : device_params) host_params.emplace_back(name, t.detach().to(torch::kCPU).clone());
+  skewadam::libtorch::SkewAdam on_host(host_params, test_options(/*seed=*/1));
+  load_into(on_host, saved(a));
+  CHECK(on_host.steps() == 4);
+  CHECK(on_host.seed() == 5);
+  CHECK(same_state(snapshot(a), snapshot(on_host)));
+
+  const Named back_params = clone(device_params);
+  skewadam::libtorch::SkewAdam back(back_params, test_options(/*seed=*/2));
+  load_into(back, saved(on_host));
+  CHECK(same_state(snapshot(a), snapshot(back)));
+  // and the resumed optimizer goes on exactly as the uninterrupted one
+  run_steps(a, device_params, start, 5, 7);
+  run_steps(back, back_params, start, 5, 7);
+  CHECK(same_bits(device_params, back_params));
+  CHECK(same_state(snapshot(a), snapshot(back)));
+}
+
 TEST_CASE_TEMPLATE("save, load and resume bit for bit (fp32 and bf16 with stochastic rounding)", Opt,
                    skewadam::libtorch::SkewAdam, skewadam::libtorch::UniformAblation,
                    skewadam::libtorch::AdafactorLike, skewadam::libtorch::AdamW) {
@@ -196,7 +221,7 @@ TEST_CASE("a checkpoint that does not fit is refused and nothing changes") {
   }
   SUBCASE("another shape") {
     Named reshaped = b;
-    reshaped[0].second = torch::zeros({20, 32});
+    reshaped[0].second = on(torch::zeros({20, 32}));
     skewadam::libtorch::SkewAdam other(reshaped, test_options());
     expect_refused(other, reshaped, "shape [40, 16] in the checkpoint, [20, 32] registered");
   }

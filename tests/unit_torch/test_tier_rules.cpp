@@ -12,10 +12,12 @@
 #include <vector>
 
 #include "model.hpp"
+#include "torch_test_support.hpp"
 
 namespace {
 
 using skewadam::Tier;
+using skewadam_torch_test::on;
 
 moe_lm::ModelConfig small_config() {
   moe_lm::ModelConfig c;
@@ -88,9 +90,9 @@ TEST_CASE("names of common MoE checkpoints") {
 
 TEST_CASE("rules are overridable and the first match wins") {
   std::vector<std::pair<std::string, torch::Tensor>> ps{
-      {"layers.0.mlp.shared_experts.w", torch::ones({4, 4})},
-      {"layers.0.mlp.experts.w", torch::ones({2, 4, 4})},
-      {"layers.0.mlp.gate.weight", torch::ones({2, 4})},
+      {"layers.0.mlp.shared_experts.w", on(torch::ones({4, 4}))},
+      {"layers.0.mlp.experts.w", on(torch::ones({2, 4, 4}))},
+      {"layers.0.mlp.gate.weight", on(torch::ones({2, 4}))},
   };
   skewadam::libtorch::Options o;
   o.tier_rules = skewadam::TierAssigner::from_strings({"shared_experts=backbone"});
@@ -102,7 +104,7 @@ TEST_CASE("rules are overridable and the first match wins") {
   skewadam::libtorch::Options only;
   only.tier_rules = skewadam::TierAssigner::from_strings({"experts=experts", "gate=router"}, /*use_defaults=*/false);
   CHECK_THROWS_WITH_AS(skewadam::libtorch::SkewAdam(std::vector<std::pair<std::string, torch::Tensor>>{
-                                                        {"layers.0.attn.w", torch::ones({2})}},
+                                                        {"layers.0.attn.w", on(torch::ones({2}))}},
                                                     only),
                        doctest::Contains("layers.0.attn.w"), std::invalid_argument);
 }

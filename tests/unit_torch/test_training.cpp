@@ -13,8 +13,11 @@
 
 #include "corpus.hpp"
 #include "model.hpp"
+#include "torch_test_support.hpp"
 
 namespace {
+
+using skewadam_torch_test::test_device;
 
 std::string small_corpus() {
   const std::vector<std::string> lines{
@@ -39,6 +42,7 @@ std::pair<double, double> train(torch::ScalarType dtype, int steps, int window) 
   c.dense_ff = 64;
   c.experts = 8;
   c.expert_ff = 32;
+  c.device = test_device();
   torch::manual_seed(3);
   moe_lm::MoELM model(c);
   model->to(dtype);

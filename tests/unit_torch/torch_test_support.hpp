@@ -1,5 +1,8 @@
 #pragma once
-// Shared helpers of the LibTorch adapter tests.
+// Shared helpers of the LibTorch adapter tests. Their tensors live on
+// test_device(): the CPU, or the GPU in skewadam-torch-cuda-tests (built
+// against a CUDA LibTorch with SKEWADAM_TORCH_TEST_CUDA defined), where the
+// same tests run on CUDA tensors.
 
 #include <torch/torch.h>
 
@@ -12,8 +15,20 @@ namespace skewadam_torch_test {
 
 using Named = std::vector<std::pair<std::string, torch::Tensor>>;
 
+/// Where the tests' tensors live.
+inline torch::Device test_device() {
+#if defined(SKEWADAM_TORCH_TEST_CUDA)
+  return {torch::kCUDA, 0};
+#else
+  return torch::kCPU;
+#endif
+}
+
+/// `t` on the test device (the same tensor when it is there already).
+inline torch::Tensor on(const torch::Tensor& t) { return t.to(test_device()); }
+
 /// A small MoE-like parameter set covering every tier, ranks 0 to 3, fp32 and
-/// bf16 (deterministic values).
+/// bf16 (deterministic values), on the test device.
 inline Named make_params(bool with_bf16 = true) {
   torch::manual_seed(7);
   Named p;
@@ -28,6 +43,7 @@ inline Named make_params(bool with_bf16 = true) {
     p.emplace_back("blocks.1.moe.experts.up_proj", (torch::randn({4, 16, 24}) * 0.1).to(torch::kBFloat16));
     p.emplace_back("blocks.0.ffn.gate_proj.weight", (torch::randn({24, 16}) * 0.1).to(torch::kBFloat16));
   }
+  for (auto& [name, t] : p) t = on(t);
   return p;
 }
 
@@ -39,7 +55,8 @@ inline Named clone(const Named& ps) {
 }
 
 /// Gradients of step k (1-based) for a parameter set: fixed by (k, index), in
-/// the parameter's dtype. Parameter `skip` gets none on steps where k % 3 == 0.
+/// the parameter's dtype and on its device. Parameter `skip` gets none on steps
+/// where k % 3 == 0.
 inline std::vector<torch::Tensor> grads_for_step(const Named& ps, int k, std::size_t skip = 2) {
   std::vector<torch::Tensor> g;
   for (std::size_t i = 0; i < ps.size(); ++i) {
@@ -48,7 +65,8 @@ inline std::vector<torch::Tensor> grads_for_step(const Named& ps, int k, std::si
       continue;
     }
     torch::manual_seed(1000 * static_cast<std::uint64_t>(k) + i);
-    g.push_back((torch::randn(ps[i].second.sizes()) * (0.01 * static_cast<double>(i + 1))).to(ps[i].second.scalar_type()));
+    g.push_back((torch::randn(ps[i].second.sizes()) * (0.01 * static_cast<double>(i + 1)))
+                    .to(ps[i].second.device(), ps[i].second.scalar_type()));
   }
   return g;
 }
@@ -60,10 +78,10 @@ inline void set_grads(const Named& ps, const std::vector<torch::Tensor>& g) {
   }
 }
 
-/// True when both tensors hold exactly the same bytes.
+/// True when both tensors hold exactly the same bytes (wherever each lives).
 inline bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
-  const auto ca = a.contiguous(), cb = b.contiguous();
+  const auto ca = a.to(torch::kCPU).contiguous(), cb = b.to(torch::kCPU).contiguous();
   return std::memcmp(ca.data_ptr(), cb.data_ptr(), static_cast<std::size_t>(ca.nbytes())) == 0;
 }
 

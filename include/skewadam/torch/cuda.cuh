@@ -64,3 +64,18 @@ struct RegisterCudaCore {
 /// skewadam::libtorch::Optimizer<Tiers>; once per variant, at namespace scope.
 #define SKEWADAM_LIBTORCH_CUDA(Tiers) \
   static const ::skewadam::libtorch::RegisterCudaCore<Tiers> SKEWADAM_LIBTORCH_CUDA_NAME_(__LINE__){};
+
+/// The CUDA engines of every variant the library names (SkewAdam, its
+/// ablations, Adafactor-like and AdamW); once per program, at namespace scope.
+#define SKEWADAM_LIBTORCH_CUDA_ALL_VARIANTS()                                       \
+  static const ::skewadam::libtorch::RegisterCudaCore<::skewadam::SkewAdamTiers>   \
+      skewadam_libtorch_cuda_skewadam_{};                                          \
+  static const ::skewadam::libtorch::RegisterCudaCore<::skewadam::ExpertMomentumTiers> \
+      skewadam_libtorch_cuda_expert_momentum_{};                                   \
+  static const ::skewadam::libtorch::RegisterCudaCore<::skewadam::FactoredRouterTiers> \
+      skewadam_libtorch_cuda_factored_router_{};                                   \
+  static const ::skewadam::libtorch::RegisterCudaCore<::skewadam::UniformTiers>    \
+      skewadam_libtorch_cuda_uniform_{};                                           \
+  static const ::skewadam::libtorch::RegisterCudaCore<::skewadam::AdafactorTiers>  \
+      skewadam_libtorch_cuda_adafactor_{};                                         \
+  static const ::skewadam::libtorch::RegisterCudaCore<::skewadam::AdamWTiers> skewadam_libtorch_cuda_adamw_{};
