@@ -39,7 +39,10 @@
 #include <vector>
 
 #include "corpus.hpp"
+#include "device.hpp"
+#include "memory_report.hpp"
 #include "model.hpp"
+#include "settings.hpp"
 
 extern char** environ;
 
@@ -48,138 +51,8 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-struct Settings {
-  std::string data;  // empty: the King James Bible
-  std::string out = "moe_lm_out";
-  std::vector<std::string> optimizers{"skewadam", "adamw", "adafactor", "uniform"};
-  std::int64_t steps = 800;
-  std::int64_t batch = 16;
-  std::int64_t eval_every = 50;
-  std::int64_t eval_windows = 128;    // validation windows at each evaluation
-  std::int64_t final_windows = 1024;  // validation windows at the end
-  double lr = 1e-3;     // the best of {5e-4, 1e-3, 3e-3, 1e-2} for AdamW here; the same for every optimizer
-  double eps = 1e-30;   // the library's rules: floor under the second-moment estimate (see --help)
-  double warmup = 0.03;   // share of steps
-  double weight_decay = 0.05;  // backbone and experts; the router has none
-  double max_grad_norm = 1.0;
-  double balance_coef = 0.01;
-  int threads = 0;  // 0: every core
-  std::uint64_t seed = 1234;
-  moe_lm::ModelConfig model{};
-  // internal: set when this process is one optimizer's run
-  std::string worker;
-  int run_index = 0;
-  int runs = 1;
-};
-
-const std::map<std::string, std::string> display_names{
-    {"skewadam", "SkewAdam"},
-    {"adamw", "AdamW (torch)"},
-    {"adafactor", "Adafactor-like"},
-    {"uniform", "Uniform ablation"},
-    {"expert-momentum", "Experts + momentum"},
-    {"factored-router", "Factored router"},
-};
-
-void usage() {
-  std::cout <<
-      R"(usage: moe_lm [options]
-Trains a small MoE language model with SkewAdam, AdamW, Adafactor-like and the
-uniform ablation from the same initialisation on identical batches.
-
-  --data FILE         train on this text file (default: the King James Bible from `bible`)
-  --out DIR           results folder (default moe_lm_out)
-  --optimizers LIST   comma-separated, from skewadam, adamw, adafactor, uniform,
-                      expert-momentum, factored-router (default: the first four)
-  --steps N           training steps per optimizer (default 800)
-  --batch B           sequences per step (default 16)
-  --context T         tokens per sequence (default 128)
-  --lr LR             peak learning rate of every optimizer, 3 % linear warm-up
-                      then cosine to 0 (default 1e-3)
-  --eval-every N      steps between validation evaluations (default 50)
-  --eps E             eps of the library's rules, the floor under the second-moment
-                      estimate (default 1e-30, as Adafactor's). The reference's 1e-8
-                      is above 90-98 % of this model's expert column statistics
-                      (median about 1e-10), which shrinks the experts' updates about
-                      tenfold. AdamW keeps its 1e-8, added to sqrt(v).
-  --threads N         torch and optimizer threads (default: the cores this process may use)
-  --seed S            initialisation and batch seed (default 1234)
-  --d-model D, --layers L, --experts E, --expert-ff F, --dense-ff F, --heads H
-                      model shape (defaults 128, 2, 16, 256, 384, 4)
-)";
-}
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-Settings parse(int argc, char** argv) {
-  Settings s;
-  auto value = [&](int& i, const std::string& flag) -> std::string {
-    if (i + 1 >= argc) throw std::invalid_argument(flag + ": needs a value");
-    return argv[++i];
-  };
-  auto integer = [&](int& i, const std::string& flag, std::int64_t min) {
-    const std::string v = value(i, flag);
-    std::size_t used = 0;
-    const long long x = std::stoll(v, &used);
-    if (used != v.size() || x < min)
-      throw std::invalid_argument(flag + " " + v + ": expected an integer >= " + std::to_string(min));
-    return static_cast<std::int64_t>(x);
-  };
-  auto real = [&](int& i, const std::string& flag) {
-    const std::string v = value(i, flag);
-    std::size_t used = 0;
-    const double x = std::stod(v, &used);
-    if (used != v.size() || !(x > 0) || !std::isfinite(x))
-      throw std::invalid_argument(flag + " " + v + ": expected a positive number");
-    return x;
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      usage();
-      std::exit(0);
-    } else if (a == "--data") s.data = value(i, a);
-    else if (a == "--out") s.out = value(i, a);
-    else if (a == "--optimizers") s.optimizers = split_list(value(i, a));
-    else if (a == "--steps") s.steps = integer(i, a, 1);
-    else if (a == "--batch") s.batch = integer(i, a, 1);
-    else if (a == "--context") s.model.context = integer(i, a, 2);
-    else if (a == "--lr") s.lr = real(i, a);
-    else if (a == "--eps") s.eps = real(i, a);
-    else if (a == "--eval-every") s.eval_every = integer(i, a, 1);
-    else if (a == "--threads") s.threads = static_cast<int>(integer(i, a, 1));
-    else if (a == "--seed") s.seed = static_cast<std::uint64_t>(integer(i, a, 0));
-    else if (a == "--d-model") s.model.d_model = integer(i, a, 1);
-    else if (a == "--layers") s.model.layers = integer(i, a, 1);
-    else if (a == "--experts") s.model.experts = integer(i, a, 2);
-    else if (a == "--expert-ff") s.model.expert_ff = integer(i, a, 1);
-    else if (a == "--dense-ff") s.model.dense_ff = integer(i, a, 1);
-    else if (a == "--heads") s.model.heads = integer(i, a, 1);
-    else if (a == "--worker") s.worker = value(i, a);
-    else if (a == "--run-index") s.run_index = static_cast<int>(integer(i, a, 0));
-    else if (a == "--runs") s.runs = static_cast<int>(integer(i, a, 1));
-    else throw std::invalid_argument(a + ": unknown option (see --help)");
-  }
-  if (s.optimizers.empty()) throw std::invalid_argument("--optimizers: empty list");
-  for (const auto& o : s.optimizers)
-    if (!display_names.count(o)) throw std::invalid_argument("--optimizers: unknown optimizer '" + o + "'");
-  if (s.threads == 0) {  // the cores this process may run on
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    s.threads = sched_getaffinity(0, sizeof set, &set) == 0
-                    ? CPU_COUNT(&set)
-                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  }
-  s.model.validate();
-  return s;
-}
+using moe_lm::display_names;
+using moe_lm::Settings;
 
 std::string duration(double seconds) {
   const auto s = static_cast<long long>(std::max(0.0, seconds) + 0.5);
@@ -245,6 +118,51 @@ TrainedOptimizer make_skewadam(moe_lm::MoELM& model, const Settings& s) {
   return {std::move(opt), [raw](skewadam::Tier t) { return static_cast<std::int64_t>(raw->state_bytes(t)); }};
 }
 
+/// AdamW's state of one parameter: fp32 zeros, step 0.
+template <class AdamW>
+void seed_fp32_moments_of(AdamW& opt, const torch::Tensor& p) {
+  auto& state = opt.state();
+  using Key = typename std::decay_t<decltype(state)>::key_type;  // a string before LibTorch 2.2, then the address
+  auto s = std::make_unique<torch::optim::AdamWParamState>();
+  s->step(0);
+  s->exp_avg(torch::zeros(p.sizes(), p.options().dtype(torch::kFloat)));
+  s->exp_avg_sq(torch::zeros(p.sizes(), p.options().dtype(torch::kFloat)));
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;  // the format of torch's own keys
+    key << static_cast<const void*>(p.unsafeGetTensorImpl());
+    state[key.str()] = std::move(s);
+  } else {
+    state[static_cast<Key>(p.unsafeGetTensorImpl())] = std::move(s);
+  }
+}
+
+/// torch's AdamW keeps its moments in each parameter's dtype; for bf16 or
+/// fp16 parameters they start here as fp32 zeros instead (the paper's
+/// baseline: bf16 parameters, fp32 state), and AdamW's in-place updates keep
+/// them fp32.
+template <class AdamW>
+void seed_fp32_moments(AdamW& opt) {
+  for (const auto& group : opt.param_groups())
+    for (const auto& p : group.params())
+      if (p.scalar_type() != torch::kFloat) seed_fp32_moments_of(opt, p);
+}
+
+/// Whether torch's AdamW steps `dtype` parameters on `device` with fp32
+/// moments: its update of the parameter mixes dtypes in place, which some
+/// kernels refuse (LibTorch 1.13 on the CPU, for bf16). Tried on two elements.
+bool adamw_steps_with_fp32_moments(torch::Device device, torch::ScalarType dtype) {
+  try {
+    auto p = torch::ones({2}, torch::TensorOptions().dtype(dtype).device(device));
+    p.mutable_grad() = torch::ones_like(p);
+    torch::optim::AdamW probe(std::vector<torch::Tensor>{p}, torch::optim::AdamWOptions(1e-3));
+    seed_fp32_moments(probe);
+    probe.step();
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 TrainedOptimizer make_optimizer(const std::string& name, moe_lm::MoELM& model, const Settings& s) {
   if (name == "skewadam") return make_skewadam<skewadam::libtorch::SkewAdam>(model, s);
   if (name == "adafactor") return make_skewadam<skewadam::libtorch::AdafactorLike>(model, s);
@@ -263,7 +181,15 @@ TrainedOptimizer make_optimizer(const std::string& name, moe_lm::MoELM& model, c
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(decayed, options(s.weight_decay));
   groups.emplace_back(router, options(0.0));
-  return {std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(s.lr)), {}};
+  auto adamw = std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(s.lr));
+  if (s.model.dtype != torch::kFloat) {
+    if (adamw_steps_with_fp32_moments(model->tok_emb->weight.device(), s.model.dtype))
+      seed_fp32_moments(*adamw);
+    else
+      std::cout << "AdamW: this LibTorch cannot update " << c10::toString(s.model.dtype)
+                << " parameters from fp32 moments on this device; its moments are kept in the parameters' dtype\n";
+  }
+  return {std::move(adamw), {}};
 }
 
 struct Evaluation {
@@ -289,8 +215,11 @@ int run_worker(const Settings& s) {
   at::set_num_threads(s.threads);
   const std::string label = display_names.at(s.worker);
   const moe_lm::Corpus corpus = moe_lm::load_corpus(s.data, s.model.context);
+  const torch::Device device = moe_lm::resolve_device(s.device);
+  moe_lm::ModelConfig config = s.model;
+  config.device = device;
   torch::manual_seed(s.seed);
-  moe_lm::MoELM model(s.model);
+  moe_lm::MoELM model(config);
   model->train();
   TrainedOptimizer t = make_optimizer(s.worker, model, s);
   torch::optim::Optimizer& opt = *t.optimizer;  // from here on, only torch's interface
@@ -308,6 +237,7 @@ int run_worker(const Settings& s) {
   std::ofstream curve(fs::path(s.out) / ("curve_" + s.worker + ".csv"));
   curve << "optimizer,step,train_loss,val_loss,val_ppl,balance_loss,lr\n";
 
+  std::ostringstream memory;  // the summary's memory lines
   const bool tty = isatty(STDOUT_FILENO) != 0;
   const std::int64_t tokens_per_step = s.batch * s.model.context;
   double train_seconds = 0, step_seconds = 0, loss_sum = 0, balance_sum = 0, last_train_loss = 0;
@@ -326,9 +256,23 @@ int run_worker(const Settings& s) {
     const auto loss = ce + s.balance_coef * out.balance_loss;
     loss.backward();
     torch::nn::utils::clip_grad_norm_(params, s.max_grad_norm);
+    moe_lm::synchronize(device);
     const auto t1 = Clock::now();
     opt.step();
+    moe_lm::synchronize(device);
     const auto t2 = Clock::now();
+    if (step == s.steps) {  // the memory of a step: weights, gradients and state all live
+      if (device.is_cuda()) {
+        const auto smi = moe_lm::nvidia_smi_memory();
+        memory << "smi_mib=" << smi.mib << "\nsmi_what=" << smi.what << "\n";
+      }
+      std::int64_t weights = 0, grads = 0;
+      for (const auto& p : params) {
+        weights += p.numel() * static_cast<std::int64_t>(p.element_size());
+        if (p.grad().defined()) grads += p.grad().numel() * static_cast<std::int64_t>(p.grad().element_size());
+      }
+      memory << "weights_bytes=" << weights << "\ngrads_bytes=" << grads << "\n";
+    }
     step_seconds += std::chrono::duration<double>(t2 - t1).count();
     train_seconds += std::chrono::duration<double>(t2 - t0).count();
     loss_sum += ce.item<double>();
@@ -371,6 +315,13 @@ int run_worker(const Settings& s) {
   std::ofstream summary(fs::path(s.out) / ("summary_" + s.worker + ".txt"));
   summary << std::setprecision(10);
   summary << "state_bytes=" << torch_state_bytes(opt) << "\n";
+  summary << memory.str();
+  const moe_lm::AllocatorBytes allocator = moe_lm::allocator_bytes(device);
+  summary << "allocator_peak_bytes=" << allocator.peak_allocated << "\n";
+  summary << "allocator_peak_reserved_bytes=" << allocator.peak_reserved << "\n";
+  // The library's state lives in memory it allocates itself (not torch's);
+  // AdamW's state tensors are in the allocator's counts.
+  summary << "library_device_bytes=" << (t.tier_bytes && device.is_cuda() ? torch_state_bytes(opt) : 0) << "\n";
   if (t.tier_bytes)
     for (skewadam::Tier tier : skewadam::all_tiers)
       summary << "state_" << skewadam::tier_name(tier) << "=" << t.tier_bytes(tier) << "\n";
@@ -465,21 +416,24 @@ int run_driver(const Settings& s, const std::vector<std::string>& passthrough) {
   // 2-core machine, made a step 13x slower than with sleeping threads.
   setenv("OMP_WAIT_POLICY", "passive", 0);
   at::set_num_threads(s.threads);
+  // The model's shape on torch's meta device: no memory, whatever its size.
+  moe_lm::ModelConfig shape = s.model;
+  shape.device = torch::kMeta;
+  moe_lm::MoELM model(shape);
+  const skewadam::Plan plan = moe_lm::plan_of(*model);
+  std::cout << "moe_lm: decoder-only MoE LM (preset " << s.preset << "), " << s.model.layers
+            << " blocks (odd ones MoE), d_model " << s.model.d_model << ", " << s.model.heads << " heads ("
+            << s.model.key_value_heads() << " key/value), " << s.model.experts << " SwiGLU experts (ff "
+            << s.model.expert_ff << ") top-" << s.model.top_k << ", byte tokens (vocabulary " << s.model.vocab
+            << "), tied LM head, " << (s.model.dtype == torch::kFloat ? "fp32" : "bf16")
+            << " weights (LayerNorms and router fp32)\n"
+            << "params:  " << plan.total_params << " (backbone " << plan.tiers.backbone.params << ", experts "
+            << plan.tiers.experts.params << ", router " << plan.tiers.router.params << ")\n"
+            << moe_lm::plan_text(plan, s.optimizers);
+  if (s.plan_only) return 0;
+  moe_lm::resolve_device(s.device);  // refused here, before any run, when there is no such device
   const moe_lm::Corpus corpus = moe_lm::load_corpus(s.data, s.model.context);
-  torch::manual_seed(s.seed);
-  moe_lm::MoELM model(s.model);
-  const skewadam::TierAssigner rules;
-  std::map<skewadam::Tier, std::int64_t> counts;
-  std::int64_t total = 0;
-  for (const auto& p : model->named_parameters()) {
-    counts[rules.assign(p.key())] += p.value().numel();
-    total += p.value().numel();
-  }
-  std::cout << "moe_lm: decoder-only MoE LM, " << s.model.layers << " blocks (odd ones MoE), d_model "
-            << s.model.d_model << ", " << s.model.heads << " heads, " << s.model.experts << " SwiGLU experts (ff "
-            << s.model.expert_ff << ") top-" << s.model.top_k << ", byte vocabulary, tied LM head\n"
-            << "params:  " << total << " (backbone " << counts[skewadam::Tier::backbone] << ", experts "
-            << counts[skewadam::Tier::experts] << ", router " << counts[skewadam::Tier::router] << ")\n"
+  std::cout << "device:  " << s.device << "\n"
             << "corpus:  " << corpus.source << ": " << corpus.train.size() << " bytes train, " << corpus.val.size()
             << " bytes held out\n"
             << "run:     " << s.steps << " steps x " << s.batch << " x " << s.model.context << " tokens, lr " << s.lr
@@ -564,6 +518,25 @@ int run_driver(const Settings& s, const std::vector<std::string>& passthrough) {
             << "results: " << fs::absolute(fs::path(s.out) / "results.csv").string() << ", "
             << fs::absolute(fs::path(s.out) / "curves.csv").string() << "\n";
   plot(s, s.optimizers);
+  if (s.device == "cuda") {
+    std::vector<moe_lm::RunMemory> memory;
+    for (std::size_t i = 0; i < s.optimizers.size(); ++i) {
+      const auto& r = results[i];
+      moe_lm::RunMemory m;
+      m.name = s.optimizers[i];
+      m.weights = number(r, "weights_bytes");
+      m.grads = number(r, "grads_bytes");
+      m.state = number(r, "state_bytes");
+      m.allocator_peak = number(r, "allocator_peak_bytes");
+      m.library_device = number(r, "library_device_bytes");
+      m.smi_mib = number(r, "smi_mib");
+      m.smi_what = r.count("smi_what") ? r.at("smi_what") : "n/a";
+      memory.push_back(m);
+    }
+    std::cout << "\npeak device memory during training (" << s.steps << " steps of " << s.batch << " x "
+              << s.model.context << " tokens):\n"
+              << moe_lm::memory_table(memory);
+  }
   return 0;
 }
 
@@ -571,7 +544,8 @@ int run_driver(const Settings& s, const std::vector<std::string>& passthrough) {
 
 int main(int argc, char** argv) {
   try {
-    const Settings s = parse(argc, argv);
+    Settings s;
+    if (!moe_lm::parse(argc, argv, s)) return 0;  // --help
     if (!s.worker.empty()) return run_worker(s);
     std::vector<std::string> passthrough(argv + 1, argv + argc);
     return run_driver(s, passthrough);
