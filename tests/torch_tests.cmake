@@ -16,14 +16,14 @@ endif()
 
 # The tests of the adapter that hold whatever its engine, compiled once for
 # both executables below.
-add_library(skewadam-torch-test-common OBJECT
+set(_torch_common_sources
   ${CMAKE_CURRENT_LIST_DIR}/unit_torch/main.cpp
   ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_serialize.cpp
   ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_tier_rules.cpp
   ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_training.cpp)
-target_include_directories(skewadam-torch-test-common PUBLIC
-  ${CMAKE_CURRENT_LIST_DIR}/unit_torch
-  ${CMAKE_CURRENT_LIST_DIR}/../examples/moe_lm)
+set(_torch_test_includes ${CMAKE_CURRENT_LIST_DIR}/unit_torch ${CMAKE_CURRENT_LIST_DIR}/../examples/moe_lm)
+add_library(skewadam-torch-test-common OBJECT ${_torch_common_sources})
+target_include_directories(skewadam-torch-test-common PUBLIC ${_torch_test_includes})
 target_link_libraries(skewadam-torch-test-common PUBLIC skewadam::skewadam ${TORCH_LIBRARIES} doctest::doctest)
 target_compile_features(skewadam-torch-test-common PUBLIC cxx_std_20)
 if(TARGET skewadam_warnings)
@@ -63,16 +63,10 @@ endif()
 # library's CUDA engines. scripts/gpu-check builds and runs them; without a
 # GPU they are skipped.
 if(SKEWADAM_WITH_CUDA AND CAFFE2_USE_CUDA AND TARGET skewadam::cuda)
-  add_executable(skewadam-torch-cuda-tests
-    ${CMAKE_CURRENT_LIST_DIR}/unit_torch/main.cpp
+  add_executable(skewadam-torch-cuda-tests ${_torch_common_sources}
     ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_adapter.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_serialize.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_tier_rules.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_training.cpp
     ${CMAKE_CURRENT_LIST_DIR}/unit_torch/cuda_engines.cu)
-  target_include_directories(skewadam-torch-cuda-tests PRIVATE
-    ${CMAKE_CURRENT_LIST_DIR}/unit_torch
-    ${CMAKE_CURRENT_LIST_DIR}/../examples/moe_lm)
+  target_include_directories(skewadam-torch-cuda-tests PRIVATE ${_torch_test_includes})
   target_link_libraries(skewadam-torch-cuda-tests PRIVATE skewadam::cuda ${TORCH_LIBRARIES} doctest::doctest)
   target_compile_features(skewadam-torch-cuda-tests PRIVATE cxx_std_20)
   target_compile_definitions(skewadam-torch-cuda-tests PRIVATE SKEWADAM_TORCH_TEST_CUDA)
