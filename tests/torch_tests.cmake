@@ -99,9 +99,15 @@ if(NOT SKEWADAM_GLOO_INCLUDE OR NOT SKEWADAM_GLOO_LIBRARY)
   message(STATUS "Gloo headers not found (Debian: apt-get install libgloo-dev): the process-group tests are not built")
   return()
 endif()
+if(NOT TARGET skewadam_tooling)
+  message(STATUS "skewadam_tooling is not built (SKEWADAM_BUILD_TOOLS=OFF): the process-group tests are not built")
+  return()
+endif()
 add_executable(skewadam-torch-gloo-tests ${CMAKE_CURRENT_LIST_DIR}/torch_dist/test_process_group_gloo.cpp)
 target_include_directories(skewadam-torch-gloo-tests SYSTEM PRIVATE ${SKEWADAM_GLOO_INCLUDE})
-target_link_libraries(skewadam-torch-gloo-tests PRIVATE skewadam::skewadam ${TORCH_LIBRARIES} ${SKEWADAM_GLOO_LIBRARY})
+target_include_directories(skewadam-torch-gloo-tests PRIVATE ${CMAKE_CURRENT_LIST_DIR}/unit_torch)
+target_link_libraries(skewadam-torch-gloo-tests PRIVATE skewadam::skewadam skewadam_tooling ${TORCH_LIBRARIES}
+                      ${SKEWADAM_GLOO_LIBRARY})
 target_compile_features(skewadam-torch-gloo-tests PRIVATE cxx_std_20)
 if(TARGET skewadam_warnings)
   target_link_libraries(skewadam-torch-gloo-tests PRIVATE skewadam_warnings)
@@ -109,5 +115,14 @@ endif()
 foreach(ranks 2 3 4)
   add_test(NAME torch-gloo/ranks-${ranks} COMMAND skewadam-torch-gloo-tests --ranks ${ranks})
   set_tests_properties(torch-gloo/ranks-${ranks} PROPERTIES LABELS "torch;gloo" TIMEOUT 600
+                       ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=passive")
+endforeach()
+# The same adapter checks over the sharded device engine (the path of CUDA
+# tensors with a process group), its kernels emulated on the host.
+foreach(ranks 2 3)
+  add_test(NAME torch-gloo/ranks-${ranks}/device-engine-emulated
+           COMMAND skewadam-torch-gloo-tests --ranks ${ranks} --device-engine)
+  set_tests_properties(torch-gloo/ranks-${ranks}/device-engine-emulated PROPERTIES
+                       LABELS "torch;gloo;cuda-emulation" TIMEOUT 600
                        ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=passive")
 endforeach()

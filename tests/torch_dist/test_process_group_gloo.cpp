@@ -15,9 +15,15 @@
 //     state() views this rank's share; a non-finite gradient skips the step
 //     on every rank, naming it; clipping and a learning-rate change; the
 //     archive moves from N ranks to a fresh sharded optimizer and to one
-//     process, and the runs continue bit for bit.
+//     process, and the runs continue bit for bit; parameters on a device
+//     with no sharded engine built in are refused, naming the device.
 //
-//   skewadam-torch-gloo-tests [--ranks N]      (N in 1..8, default 2)
+// With --device-engine the adapter's checks run over the device engines,
+// the path of CUDA tensors (torch/core.hpp's factories, as torch/cuda.cuh
+// registers them for CUDA): the CUDA backend on the emulated runtime,
+// registered for CPU tensors, sharded and, for the reference, in one process.
+//
+//   skewadam-torch-gloo-tests [--ranks N] [--device-engine]   (N in 1..8, default 2)
 
 #include <skewadam/torch/process_group.hpp>  // first: the header compiles alone
 #include <skewadam/torch/optimizer.hpp>
@@ -42,6 +48,12 @@
 
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <skewadam_tools/emulated_runtime.hpp>  // (before the CUDA engine: it defines what nvcc would)
+
+#include <skewadam/dist/any_communicator.hpp>
+#include <skewadam/placement/sharded_cuda.hpp>
+#include <skewadam/torch/core.hpp>
 
 struct HostMemory {
   template <class T>
@@ -130,11 +142,7 @@ void communicator_checks(ProcessGroupCommunicator& comm) {
 
 // ------------------------------------------------------- the LibTorch adapter
 skewadam::libtorch::Options adapter_options() {
-  skewadam::libtorch::Options o;
-  o.hyperparameters.backbone = {.lr = 2e-3, .weight_decay = 0.05};
-  o.hyperparameters.experts = {.lr = 3e-3, .weight_decay = 0.05};
-  o.hyperparameters.router = {.lr = 1e-3};
-  o.seed = 11;
+  skewadam::libtorch::Options o = test_options(/*seed=*/11);
   o.threads = 1;
   return o;
 }
@@ -162,11 +170,36 @@ std::vector<float> floats(const torch::Tensor& t) {
   return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
 }
 
+// ------------------------------------------- the sharded device engine (emulated)
+/// The emulated device: one, always current, its stream the default.
+struct EmulatedDevice {
+  struct Guard {
+    explicit Guard(int) {}
+  };
+  static void* current_stream(int) { return nullptr; }
+};
+
+using EmulatedSkewAdam = skewadam::Optimizer<skewadam::SkewAdamTiers, skewadam::tools::EmulatedCuda>;
+
+std::unique_ptr<skewadam::libtorch::Core> make_emulated(const skewadam::PerTier<skewadam::Hyperparameters>& hyper,
+                                                        const skewadam::OptimizerOptions& options, int device) {
+  return std::make_unique<skewadam::libtorch::DeviceCore<EmulatedSkewAdam, EmulatedDevice>>(device, hyper, options);
+}
+
+std::unique_ptr<skewadam::libtorch::Core> make_emulated_sharded(
+    skewadam::dist::AnyCommunicator& comm, const skewadam::PerTier<skewadam::Hyperparameters>& hyper,
+    const skewadam::OptimizerOptions& options, skewadam::dist::ShardOptions shard, int device) {
+  using Opt = skewadam::Optimizer<skewadam::SkewAdamTiers, skewadam::tools::EmulatedCuda,
+                                  skewadam::dist::Sharded<skewadam::dist::AnyCommunicator>>;
+  return std::make_unique<skewadam::libtorch::DeviceCore<Opt, EmulatedDevice>>(device, comm, hyper, options, shard);
+}
+
+bool device_engine = false;  // --device-engine
+
 template <class Sharded>
 void compare_params(const Sharded& opt, const Named& got, const Named& want, const std::string& when) {
   for (std::size_t i = 0; i < got.size(); ++i) {
-    const auto id = *opt.sharded_core().find(got[i].first);
-    const bool exact = !opt.sharded_core().split(id).cuts_matrices();
+    const bool exact = !opt.split(got[i].first).cuts_matrices();
     compare_arrays(got[i].first + " " + when, floats(got[i].second), floats(want[i].second), exact,
                    got[i].second.scalar_type() != torch::kFloat);
   }
@@ -201,6 +234,16 @@ void adapter_checks(ProcessGroupCommunicator& comm, const std::filesystem::path&
   SkewAdam single(single_params, lo);
   EXPECT(sharded.sharded() && sharded.rank() == comm.rank() && sharded.ranks() == n, "the optimizer is sharded");
   EXPECT(!single.sharded() && single.ranks() == 1, "without a group it is not");
+  {
+    bool cpu_front_end = true;
+    try {
+      (void)sharded.sharded_core();
+    } catch (const std::logic_error&) {
+      cpu_front_end = false;
+    }
+    EXPECT(cpu_front_end != device_engine, device_engine ? "the sharded device engine runs the steps"
+                                                          : "the CPU's sharded front-end runs the steps");
+  }
 
   auto step_both = [&](int k) {
     const std::vector<torch::Tensor> g = averaged_grads(sharded_params, k, n);
@@ -235,11 +278,10 @@ void adapter_checks(ProcessGroupCommunicator& comm, const std::filesystem::path&
   // state bytes and state() views: this rank's share, as the plan says
   skewadam::index_t planned = 0;
   for (const auto& name : sharded.names()) {
-    const auto& core = sharded.sharded_core();
-    const auto id = *core.find(name);
-    planned += skewadam::dist::shard_state_bytes(core.split(id), skewadam::SkewAdamTiers::layout(core.tier(id)),
-                                                 comm.rank());
-    const skewadam::ParamStateView mine = core.local_state(id);
+    const skewadam::libtorch::Core& core = sharded.engine_core();
+    planned += skewadam::dist::shard_state_bytes(sharded.split(name),
+                                                 skewadam::SkewAdamTiers::layout(sharded.tier(name)), comm.rank());
+    const skewadam::ParamStateView mine = core.state(*core.find(name));
     const auto& view = sharded.param_state(name);
     EXPECT(view.bytes() == static_cast<std::int64_t>(4 * (mine.m.size() + mine.v.size() + mine.v_row.size() +
                                                           mine.v_col.size())),
@@ -319,9 +361,17 @@ void adapter_checks(ProcessGroupCommunicator& comm, const std::filesystem::path&
       rows.step();
       ref.step();
     }
-    const auto bank = *rows.sharded_core().find("blocks.1.moe.experts.gate_proj");
-    EXPECT(rows.sharded_core().split(bank).split == skewadam::dist::Split::rows, "expert_sharding = rows cuts the bank");
+    EXPECT(rows.split("blocks.1.moe.experts.gate_proj").split == skewadam::dist::Split::rows,
+           "expert_sharding = rows cuts the bank");
     compare_params(rows, rows_params, ref_params, "with experts cut into rows");
+  }
+
+  // parameters on a device for which no sharded engine is built in
+  {
+    Named meta;
+    meta.emplace_back("blocks.0.attn.qkv.weight", torch::empty({8, 4}, torch::TensorOptions().device(torch::kMeta)));
+    EXPECT(throws_invalid([&] { SkewAdam refused(meta, so); }, "the parameters are on meta, and no sharded engine"),
+           "a device without a sharded engine is refused, naming it");
   }
 }
 
@@ -333,7 +383,8 @@ int run_rank(int rank, int ranks, const std::filesystem::path& dir) {
   auto group = c10::make_intrusive<::c10d::ProcessGroupGloo>(store, rank, ranks, options);
   ProcessGroupCommunicator comm(group);
   communicator_checks(comm);
-  const int suite = sharded_test::run<skewadam::backend::DefaultBackend>(comm);  // all ranks' failures
+  // all ranks' failures (the sharded suite over the emulated CUDA engine runs under MPI)
+  const int suite = device_engine ? 0 : sharded_test::run<skewadam::backend::DefaultBackend>(comm);
   if (suite != 0 && rank == 0) std::fprintf(stderr, "the sharded suite failed %d checks over the ranks\n", suite);
   sharded_test::failures = 0;
   adapter_checks(comm, dir);
@@ -349,10 +400,20 @@ int run_rank(int rank, int ranks, const std::filesystem::path& dir) {
 
 int main(int argc, char** argv) {
   int ranks = 2;
-  if (argc == 3 && std::string(argv[1]) == "--ranks") ranks = std::atoi(argv[2]);
-  else if (argc != 1) {
-    std::fprintf(stderr, "usage: %s [--ranks N]\n", argv[0]);
-    return 2;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--ranks" && i + 1 < argc) {
+      ranks = std::atoi(argv[++i]);
+    } else if (a == "--device-engine") {
+      device_engine = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--ranks N] [--device-engine]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (device_engine) {
+    skewadam::libtorch::register_device_core<skewadam::SkewAdamTiers>("cpu", &make_emulated);
+    skewadam::libtorch::register_sharded_device_core<skewadam::SkewAdamTiers>("cpu", &make_emulated_sharded);
   }
   if (ranks < 1 || ranks > 8) {
     std::fprintf(stderr, "--ranks %d: must be in 1..8\n", ranks);
@@ -402,6 +463,7 @@ int main(int argc, char** argv) {
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
-  std::printf("%s: sharded over %d Gloo ranks against one process\n", ok ? "PASS" : "FAIL", ranks);
+  std::printf("%s: sharded over %d Gloo ranks against one process%s\n", ok ? "PASS" : "FAIL", ranks,
+              device_engine ? ", on the sharded device engine (emulated)" : "");
   return ok ? 0 : 1;
 }

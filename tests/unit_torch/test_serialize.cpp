@@ -20,15 +20,6 @@ namespace {
 
 using namespace skewadam_torch_test;
 
-skewadam::libtorch::Options test_options(std::uint64_t seed = 5) {
-  skewadam::libtorch::Options o;
-  o.hyperparameters.backbone = {.lr = 2e-3, .weight_decay = 0.05};
-  o.hyperparameters.experts = {.lr = 3e-3, .weight_decay = 0.05};
-  o.hyperparameters.router = {.lr = 1e-3};
-  o.seed = seed;
-  return o;
-}
-
 template <class Opt>
 void run_steps(Opt& opt, const Named& ps, const Named& grads_shape, int from, int to) {
   for (int k = from; k <= to; ++k) {

@@ -4,8 +4,10 @@
 // against a CUDA LibTorch with SKEWADAM_TORCH_TEST_CUDA defined), where the
 // same tests run on CUDA tensors.
 
+#include <skewadam/torch/optimizer.hpp>
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -45,6 +47,17 @@ inline Named make_params(bool with_bf16 = true) {
   }
   for (auto& [name, t] : p) t = on(t);
   return p;
+}
+
+/// The tests' options: a learning rate of its own for each tier, weight
+/// decay on backbone and experts.
+inline skewadam::libtorch::Options test_options(std::uint64_t seed = 5) {
+  skewadam::libtorch::Options o;
+  o.hyperparameters.backbone = {.lr = 2e-3, .weight_decay = 0.05};
+  o.hyperparameters.experts = {.lr = 3e-3, .weight_decay = 0.05};
+  o.hyperparameters.router = {.lr = 1e-3};
+  o.seed = seed;
+  return o;
 }
 
 /// Independent copies (new storage) of a parameter set.

@@ -106,6 +106,11 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
   int rank() const noexcept { return comm_->rank(); }
   int ranks() const noexcept { return comm_->size(); }
   Stream stream() const noexcept { return stream_; }
+  /// From now on steps are ordered on s; waits for the work enqueued so far.
+  void set_stream(Stream s) {
+    R::synchronize(stream_);
+    stream_ = s;
+  }
 
   void set_threads(int) noexcept {}
   int threads() const noexcept { return 1; }

@@ -6,10 +6,12 @@
 //
 // Engines for tensors on a device are registered by device type (the name
 // torch gives it: "cuda"), per Tiers, by the translation unit that can build
-// them. <skewadam/torch/cuda.cuh>, compiled by nvcc, registers the CUDA
-// backend's; the adapter, compiled by any C++ compiler, finds it here when
-// its parameters are CUDA tensors. This header needs neither LibTorch nor
-// CUDA, so both kinds of translation unit include it.
+// them, in one process and sharded over a communicator (dist::AnyCommunicator,
+// so that the registering unit needs no transport's headers).
+// <skewadam/torch/cuda.cuh>, compiled by nvcc, registers the CUDA backend's;
+// the adapter, compiled by any C++ compiler, finds them here when its
+// parameters are CUDA tensors. This header needs neither LibTorch nor CUDA,
+// so both kinds of translation unit include it.
 
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +26,8 @@
 #include <vector>
 
 #include "../checkpoint.hpp"
+#include "../dist/any_communicator.hpp"
+#include "../dist/shard_plan.hpp"
 #include "../dist/sharded_checkpoint.hpp"
 #include "../hyperparameters.hpp"
 #include "../nonfinite.hpp"
@@ -75,6 +79,8 @@ class Core {
   virtual void before_step() {}
   virtual int rank() const noexcept { return 0; }
   virtual int ranks() const noexcept { return 1; }
+  /// How the parameter's state is dealt out over the ranks; null unsharded.
+  virtual const dist::TensorSplit* split(ParamId) const { return nullptr; }
 };
 
 /// Core over the front-end type Opt; `optimizer()` is the front-end itself.
@@ -133,6 +139,10 @@ class CoreOf : public Core {
   int ranks() const noexcept override {
     if constexpr (Opt::sharded) return opt_.ranks();
     else return 1;
+  }
+  const dist::TensorSplit* split(ParamId id) const override {
+    if constexpr (Opt::sharded) return &opt_.split(id);
+    else return nullptr;
   }
 
  private:
@@ -206,17 +216,29 @@ class DeviceCore final : public CoreOf<Opt> {
 /// Builds the Core of a device engine: per-tier hyperparameters, options
 /// (seed, threads, nonfinite, max_grad_norm), the device's index.
 using CoreFactory = std::unique_ptr<Core> (*)(const PerTier<Hyperparameters>&, const OptimizerOptions&, int device);
+/// Builds the Core of a device engine sharded over `comm` (which outlives
+/// it): the same, and how the state is dealt out.
+using ShardedCoreFactory = std::unique_ptr<Core> (*)(dist::AnyCommunicator& comm, const PerTier<Hyperparameters>&,
+                                                     const OptimizerOptions&, dist::ShardOptions, int device);
 
 namespace detail {
 template <class Tiers>
 struct DeviceCores {
   std::mutex mutex;
   std::map<std::string, CoreFactory, std::less<>> factories;
+  std::map<std::string, ShardedCoreFactory, std::less<>> sharded;
 };
 template <class Tiers>
 DeviceCores<Tiers>& device_cores() {
   static DeviceCores<Tiers> cores;
   return cores;
+}
+template <class Factory>
+Factory find_factory(std::mutex& mutex, const std::map<std::string, Factory, std::less<>>& in,
+                     std::string_view device_type) {
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto it = in.find(device_type);
+  return it == in.end() ? nullptr : it->second;
 }
 }  // namespace detail
 
@@ -229,13 +251,26 @@ void register_device_core(std::string device_type, CoreFactory make) {
   c.factories[std::move(device_type)] = make;
 }
 
-/// The registered engine of Tiers for `device_type`, or null.
+/// Registers the sharded engine of Tiers for tensors of `device_type`.
 template <class Tiers>
-CoreFactory device_core(const std::string& device_type) {
+void register_sharded_device_core(std::string device_type, ShardedCoreFactory make) {
   auto& c = detail::device_cores<Tiers>();
   const std::lock_guard<std::mutex> lock(c.mutex);
-  const auto it = c.factories.find(device_type);
-  return it == c.factories.end() ? nullptr : it->second;
+  c.sharded[std::move(device_type)] = make;
+}
+
+/// The registered engine of Tiers for `device_type`, or null.
+template <class Tiers>
+CoreFactory device_core(std::string_view device_type) {
+  auto& c = detail::device_cores<Tiers>();
+  return detail::find_factory(c.mutex, c.factories, device_type);
+}
+
+/// The registered sharded engine of Tiers for `device_type`, or null.
+template <class Tiers>
+ShardedCoreFactory sharded_device_core(std::string_view device_type) {
+  auto& c = detail::device_cores<Tiers>();
+  return detail::find_factory(c.mutex, c.sharded, device_type);
 }
 
 }  // namespace skewadam::libtorch

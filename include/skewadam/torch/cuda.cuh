@@ -12,8 +12,11 @@
 // needs no CUDA: an optimizer built on CUDA parameters (all on one device)
 // finds the registered engine (torch/core.hpp) and runs its steps on the CUDA
 // backend, on torch's current stream of that device, without waiting for
-// them. Without this translation unit, CUDA parameters are refused with a
-// message saying so. With CMake: `enable_language(CUDA)`, the .cu file in
+// them. With Options::process_group the same unit's sharded engine
+// (cuda::ShardedOptimizer over the group, through dist::AnyCommunicator, so
+// that nvcc never sees c10d's headers) keeps this rank's share of the state
+// on the device. Without this translation unit, CUDA parameters are refused
+// with a message saying so. With CMake: `enable_language(CUDA)`, the .cu file in
 // the target's sources, and the target linked with `${TORCH_LIBRARIES}` of a
 // CUDA build of LibTorch (torch_cuda, c10_cuda) and `skewadam::skewadam`.
 
@@ -50,10 +53,26 @@ std::unique_ptr<Core> make_cuda_core(const PerTier<Hyperparameters>& hyper, cons
   return std::make_unique<DeviceCore<cuda::Optimizer<Tiers>, TorchCudaDevice>>(device, hyper, o);
 }
 
-/// Registers the CUDA engine of Tiers while it lives (SKEWADAM_LIBTORCH_CUDA).
+/// The Core of Tiers on the CUDA backend sharded over `comm`, on torch's
+/// streams: step() is collective and leaves every rank the complete
+/// parameters.
+template <class Tiers>
+std::unique_ptr<Core> make_sharded_cuda_core(dist::AnyCommunicator& comm, const PerTier<Hyperparameters>& hyper,
+                                             const OptimizerOptions& options, dist::ShardOptions shard, int device) {
+  OptimizerOptions o = options;
+  o.stream = TorchCudaDevice::current_stream(device);
+  return std::make_unique<DeviceCore<cuda::ShardedOptimizer<Tiers, dist::AnyCommunicator>, TorchCudaDevice>>(
+      device, comm, hyper, o, shard);
+}
+
+/// Registers the CUDA engines of Tiers, in one process and sharded, while it
+/// lives (SKEWADAM_LIBTORCH_CUDA).
 template <class Tiers>
 struct RegisterCudaCore {
-  RegisterCudaCore() { register_device_core<Tiers>("cuda", &make_cuda_core<Tiers>); }
+  RegisterCudaCore() {
+    register_device_core<Tiers>("cuda", &make_cuda_core<Tiers>);
+    register_sharded_device_core<Tiers>("cuda", &make_sharded_cuda_core<Tiers>);
+  }
 };
 
 }  // namespace skewadam::libtorch

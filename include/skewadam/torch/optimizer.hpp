@@ -60,6 +60,9 @@
 // every rank calls consolidate_checkpoint(), then rank 0 saves (torch::save);
 // to load, every rank loads that archive. The archive is the single-process
 // one, so a sharded run resumes in one process, or with another rank count.
+// CUDA tensors shard the same way, through the sharded CUDA engine that
+// torch/cuda.cuh registers (an NCCL group's bytes staged through the
+// parameters' device).
 //
 // This header is not part of <skewadam/skewadam.hpp>: it needs LibTorch.
 
@@ -142,9 +145,9 @@ struct Options {
   /// Set: the state is sharded over this group's ranks and step() is
   /// collective (see the top of this file). Null: one process.
   c10::intrusive_ptr<::c10d::ProcessGroup> process_group{};
-  /// With process_group: where its collectives' bytes are staged (the CPU for
-  /// Gloo; the CUDA device for NCCL).
-  at::Device process_group_staging = at::Device(at::kCPU);
+  /// With process_group: where its collectives' bytes are staged. Unset:
+  /// the parameters' CUDA device for an NCCL group, else the CPU (Gloo, MPI).
+  std::optional<at::Device> process_group_staging{};
   /// With process_group: expert banks dealt out by whole experts (the
   /// default) or cut into row slices like the backbone.
   dist::ExpertSharding expert_sharding = dist::ExpertSharding::experts;
@@ -484,6 +487,15 @@ class Optimizer : public ::torch::optim::Optimizer {
   }
   /// The tier a registered parameter is in.
   Tier tier(const std::string& name) const { return params_[index_of(name)].tier; }
+  /// How a parameter's state is dealt out over the ranks of
+  /// Options::process_group (dist/shard_plan.hpp): which rows or experts this
+  /// rank keeps.
+  const dist::TensorSplit& split(const std::string& name) const {
+    const dist::TensorSplit* s = core_->split(params_[index_of(name)].id);
+    if (s == nullptr)
+      throw std::logic_error("split('" + name + "'): this optimizer is not sharded (Options::process_group is null)");
+    return *s;
+  }
   /// The state of a registered parameter (its step count read now; on a
   /// device that waits for the steps enqueued so far).
   const ParamState& param_state(const std::string& name) const {
@@ -645,30 +657,46 @@ class Optimizer : public ::torch::optim::Optimizer {
     return d.value_or(at::Device(at::kCPU));
   }
 
-  /// The engine for the parameters' device: a registered one (torch/core.hpp;
-  /// torch/cuda.cuh registers CUDA's), else the CPU backend for CPU tensors,
-  /// in one process or sharded over Options::process_group.
+  /// The engine for the parameters' device, in one process or sharded over
+  /// Options::process_group: a registered one (torch/core.hpp; torch/cuda.cuh
+  /// registers CUDA's), else the CPU backend for CPU tensors.
   std::unique_ptr<Core> make_core(const Options& options) {
     const skewadam::OptimizerOptions o{
         .seed = options.seed, .threads = options.threads, .nonfinite = options.nonfinite,
         .max_grad_norm = options.max_grad_norm};
+    const std::string type = c10::DeviceTypeName(device_.type(), /*lower_case=*/true);
 #if SKEWADAM_TORCH_DISTRIBUTED
     if (options.process_group) {
-      if (!device_.is_cpu())
-        throw std::invalid_argument("Options.process_group: sharding is built for CPU tensors; the parameters are on " +
-                                    device_.str());
-      comm_ = std::make_unique<ProcessGroupCommunicator>(options.process_group, options.process_group_staging);
-      return std::make_unique<CoreOf<sharded_core_type>>(*comm_, options.hyperparameters, o,
-                                                         dist::ShardOptions{options.expert_sharding});
+      comm_ = std::make_unique<ProcessGroupCommunicator>(options.process_group, staging_of(options));
+      const dist::ShardOptions shard{options.expert_sharding};
+      if (const ShardedCoreFactory make = sharded_device_core<Tiers>(type)) {
+        any_comm_ = std::make_unique<dist::CommunicatorRef<ProcessGroupCommunicator>>(*comm_);
+        return make(*any_comm_, options.hyperparameters, o, shard, device_.index());
+      }
+      if (device_.is_cpu())
+        return std::make_unique<CoreOf<sharded_core_type>>(*comm_, options.hyperparameters, o, shard);
+      throw std::invalid_argument("Options.process_group: the parameters are on " + device_.str() +
+                                  ", and no sharded engine for " + type +
+                                  " tensors is built into this program (for CUDA: compile one translation unit with "
+                                  "nvcc that includes <skewadam/torch/cuda.cuh>; CMake: SKEWADAM_WITH_CUDA)");
     }
 #endif
-    const std::string type = c10::DeviceTypeName(device_.type(), /*lower_case=*/true);
     if (const CoreFactory make = device_core<Tiers>(type)) return make(options.hyperparameters, o, device_.index());
     if (device_.is_cpu()) return std::make_unique<CoreOf<core_type>>(options.hyperparameters, o);
     throw std::invalid_argument("parameters: on " + device_.str() + ", and no engine for " + type +
                                 " tensors is built into this program (for CUDA: compile one translation unit with "
                                 "nvcc that includes <skewadam/torch/cuda.cuh>; CMake: SKEWADAM_WITH_CUDA)");
   }
+
+#if SKEWADAM_TORCH_DISTRIBUTED
+  /// Options::process_group_staging, or its default for the group and the
+  /// parameters' device.
+  at::Device staging_of(const Options& options) const {
+    if (options.process_group_staging) return *options.process_group_staging;
+    if (!device_.is_cpu() && ProcessGroupCommunicator::backend_name(options.process_group) == "nccl") return device_;
+    return at::Device(at::kCPU);
+  }
+#endif
 
   static std::size_t group_index(Tier t) { return static_cast<std::size_t>(tier_index(checked_tier(t))); }
 
@@ -748,6 +776,7 @@ class Optimizer : public ::torch::optim::Optimizer {
   std::unordered_map<const void*, std::size_t> by_impl_;
 #if SKEWADAM_TORCH_DISTRIBUTED
   std::unique_ptr<ProcessGroupCommunicator> comm_;  // before core_: outlives it
+  std::unique_ptr<dist::CommunicatorRef<ProcessGroupCommunicator>> any_comm_;  // comm_ for a device engine
 #else
   std::nullptr_t comm_ = nullptr;
 #endif

@@ -64,6 +64,19 @@ class ProcessGroupCommunicator {
     if (size_ < 1 || rank_ < 0 || rank_ >= size_)
       throw std::invalid_argument("group: rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
                                   " is not a valid place in a group");
+    if (staging_.is_cpu() && backend_name(group_) == "nccl")
+      throw std::invalid_argument("staging: an NCCL group exchanges CUDA tensors; give it a CUDA device to stage "
+                                  "its bytes through, not the CPU");
+  }
+
+  /// The name of the group's backend ("gloo", "nccl", "mpi"), or "" where
+  /// the group does not say.
+  static std::string backend_name(const Group& group) {
+    try {
+      return group ? std::string(group->getBackendName()) : std::string();
+    } catch (const std::exception&) {
+      return {};
+    }
   }
 
   int rank() const noexcept { return rank_; }
@@ -108,10 +121,23 @@ class ProcessGroupCommunicator {
   static at::Tensor bytes_tensor(const void* p, std::size_t n) {
     return at::from_blob(const_cast<void*>(p), {static_cast<std::int64_t>(n)}, at::TensorOptions().dtype(at::kByte));
   }
-  /// The tensor the group sees: `host` itself on CPU staging, else a copy.
-  at::Tensor wire(const at::Tensor& host) const { return staging_.is_cpu() ? host : host.to(staging_); }
+  /// The tensor the group sees: `host` itself on CPU staging, else its copy
+  /// at the start of the staging buffer.
+  at::Tensor wire(const at::Tensor& host) {
+    if (staging_.is_cpu()) return host;
+    at::Tensor staged = staged_bytes(host.numel() * host.element_size()).view(host.scalar_type());
+    staged.copy_(host);
+    return staged;
+  }
   void back(const at::Tensor& wired, at::Tensor& host) const {
     if (!staging_.is_cpu()) host.copy_(wired);
+  }
+  /// The first n bytes of the staging device's buffer, which grows as needed
+  /// and is reused by every collective after.
+  at::Tensor staged_bytes(std::int64_t n) {
+    if (!staging_buffer_.defined() || staging_buffer_.numel() < n)
+      staging_buffer_ = at::empty({n}, at::TensorOptions().dtype(at::kByte).device(staging_));
+    return staging_buffer_.narrow(0, 0, n);
   }
 
   template <class Issue>
@@ -126,20 +152,22 @@ class ProcessGroupCommunicator {
     }
   }
 
-  /// Every rank's n bytes into `out` (size() n bytes, rank order).
+  /// Every rank's n bytes into `out` (size() n bytes, rank order). Staged
+  /// on a device: this rank's bytes, then every rank's, in one buffer, one
+  /// copy each way.
   void gather_equal(const void* mine, std::size_t n, std::byte* out) {
-    at::Tensor in_host = bytes_tensor(mine, n);
-    std::vector<at::Tensor> input{wire(in_host)};
-    std::vector<at::Tensor> hosts;
-    hosts.reserve(static_cast<std::size_t>(size_));
+    const auto bytes = static_cast<std::int64_t>(n);
+    at::Tensor all_host = bytes_tensor(out, n * static_cast<std::size_t>(size_));
+    at::Tensor room = staging_.is_cpu() ? at::Tensor() : staged_bytes(bytes * (size_ + 1));
+    std::vector<at::Tensor> input{bytes_tensor(mine, n)};
+    if (room.defined()) input[0] = room.narrow(0, 0, bytes).copy_(input[0]);
     std::vector<std::vector<at::Tensor>> output(1);
     output[0].reserve(static_cast<std::size_t>(size_));
-    for (int k = 0; k < size_; ++k) {
-      hosts.push_back(bytes_tensor(out + static_cast<std::size_t>(k) * n, n));
-      output[0].push_back(staging_.is_cpu() ? hosts.back() : at::empty_like(input[0]));
-    }
+    for (int k = 0; k < size_; ++k)
+      output[0].push_back(room.defined() ? room.narrow(0, bytes * (k + 1), bytes)
+                                         : all_host.narrow(0, bytes * k, bytes));
     run("allgather", [&] { return group_->allgather(output, input); });
-    for (int k = 0; k < size_; ++k) back(output[0][static_cast<std::size_t>(k)], hosts[static_cast<std::size_t>(k)]);
+    if (room.defined()) all_host.copy_(room.narrow(0, bytes, bytes * size_));
   }
 
   void reduce_sum(void* values, std::size_t n, at::ScalarType type) {
@@ -155,6 +183,7 @@ class ProcessGroupCommunicator {
   int rank_ = 0;
   int size_ = 1;
   std::vector<std::byte> padded_;
+  at::Tensor staging_buffer_;  // on staging_, when it is a device
 };
 static_assert(dist::Communicator<ProcessGroupCommunicator>,
               "ProcessGroupCommunicator must model skewadam::dist::Communicator");
