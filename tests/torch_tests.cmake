@@ -14,15 +14,16 @@ if(NOT TARGET doctest::doctest)
   find_package(doctest REQUIRED)
 endif()
 
-# The tests of the adapter that hold whatever its engine, compiled once for
-# both executables below.
+# The adapter's tests, which hold whatever its engine: compiled once for both
+# executables below.
 set(_torch_common_sources
-  ${CMAKE_CURRENT_LIST_DIR}/unit_torch/main.cpp
   ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_serialize.cpp
   ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_tier_rules.cpp
   ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_training.cpp)
 set(_torch_test_includes ${CMAKE_CURRENT_LIST_DIR}/unit_torch ${CMAKE_CURRENT_LIST_DIR}/../examples/moe_lm)
-add_library(skewadam-torch-test-common OBJECT ${_torch_common_sources})
+add_library(skewadam-torch-test-common OBJECT ${_torch_common_sources}
+            ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_adapter.cpp)
+# (each executable compiles main.cpp, the cheapest of the sources)
 target_include_directories(skewadam-torch-test-common PUBLIC ${_torch_test_includes})
 target_link_libraries(skewadam-torch-test-common PUBLIC skewadam::skewadam ${TORCH_LIBRARIES} doctest::doctest)
 target_compile_features(skewadam-torch-test-common PUBLIC cxx_std_20)
@@ -30,7 +31,7 @@ if(TARGET skewadam_warnings)
   target_link_libraries(skewadam-torch-test-common PUBLIC skewadam_warnings)
 endif()
 
-add_executable(skewadam-torch-tests ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_adapter.cpp)
+add_executable(skewadam-torch-tests ${CMAKE_CURRENT_LIST_DIR}/unit_torch/main.cpp)
 target_link_libraries(skewadam-torch-tests PRIVATE skewadam-torch-test-common)
 
 add_test(NAME torch-adapter COMMAND skewadam-torch-tests)
@@ -44,9 +45,8 @@ set_tests_properties(torch-adapter PROPERTIES LABELS "torch"
 # runtime, registered for CPU tensors (unit_torch/device_engine_emulated.cpp),
 # so that the path CUDA tensors take through the adapter runs without a GPU.
 if(SKEWADAM_CUDA_EMULATION_TESTS AND TARGET skewadam_tooling)
-  add_executable(skewadam-torch-device-tests
-    ${CMAKE_CURRENT_LIST_DIR}/unit_torch/device_engine_emulated.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_adapter.cpp)
+  add_executable(skewadam-torch-device-tests ${CMAKE_CURRENT_LIST_DIR}/unit_torch/main.cpp
+                 ${CMAKE_CURRENT_LIST_DIR}/unit_torch/device_engine_emulated.cpp)
   target_link_libraries(skewadam-torch-device-tests PRIVATE skewadam-torch-test-common skewadam_tooling)
   # (the two training runs are left out: 80 s on the emulated kernels, and
   # their steps are those the other cases check bit for bit)
@@ -63,7 +63,7 @@ endif()
 # library's CUDA engines. scripts/gpu-check builds and runs them; without a
 # GPU they are skipped.
 if(SKEWADAM_WITH_CUDA AND CAFFE2_USE_CUDA AND TARGET skewadam::cuda)
-  add_executable(skewadam-torch-cuda-tests ${_torch_common_sources}
+  add_executable(skewadam-torch-cuda-tests ${CMAKE_CURRENT_LIST_DIR}/unit_torch/main.cpp ${_torch_common_sources}
     ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_adapter.cpp
     ${CMAKE_CURRENT_LIST_DIR}/unit_torch/cuda_engines.cu)
   target_include_directories(skewadam-torch-cuda-tests PRIVATE ${_torch_test_includes})
