@@ -49,11 +49,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <skewadam_tools/emulated_runtime.hpp>  // (before the CUDA engine: it defines what nvcc would)
-
-#include <skewadam/dist/any_communicator.hpp>
-#include <skewadam/placement/sharded_cuda.hpp>
-#include <skewadam/torch/core.hpp>
+#include "../unit_torch/emulated_device_cores.hpp"
 
 struct HostMemory {
   template <class T>
@@ -170,30 +166,7 @@ std::vector<float> floats(const torch::Tensor& t) {
   return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
 }
 
-// ------------------------------------------- the sharded device engine (emulated)
-/// The emulated device: one, always current, its stream the default.
-struct EmulatedDevice {
-  struct Guard {
-    explicit Guard(int) {}
-  };
-  static void* current_stream(int) { return nullptr; }
-};
-
-using EmulatedSkewAdam = skewadam::Optimizer<skewadam::SkewAdamTiers, skewadam::tools::EmulatedCuda>;
-
-std::unique_ptr<skewadam::libtorch::Core> make_emulated(const skewadam::PerTier<skewadam::Hyperparameters>& hyper,
-                                                        const skewadam::OptimizerOptions& options, int device) {
-  return std::make_unique<skewadam::libtorch::DeviceCore<EmulatedSkewAdam, EmulatedDevice>>(device, hyper, options);
-}
-
-std::unique_ptr<skewadam::libtorch::Core> make_emulated_sharded(
-    skewadam::dist::AnyCommunicator& comm, const skewadam::PerTier<skewadam::Hyperparameters>& hyper,
-    const skewadam::OptimizerOptions& options, skewadam::dist::ShardOptions shard, int device) {
-  using Opt = skewadam::Optimizer<skewadam::SkewAdamTiers, skewadam::tools::EmulatedCuda,
-                                  skewadam::dist::Sharded<skewadam::dist::AnyCommunicator>>;
-  return std::make_unique<skewadam::libtorch::DeviceCore<Opt, EmulatedDevice>>(device, comm, hyper, options, shard);
-}
-
+// With --device-engine: the emulated CUDA engines (emulated_device_cores.hpp) run the adapter.
 bool device_engine = false;  // --device-engine
 
 template <class Sharded>
@@ -412,8 +385,9 @@ int main(int argc, char** argv) {
     }
   }
   if (device_engine) {
-    skewadam::libtorch::register_device_core<skewadam::SkewAdamTiers>("cpu", &make_emulated);
-    skewadam::libtorch::register_sharded_device_core<skewadam::SkewAdamTiers>("cpu", &make_emulated_sharded);
+    using skewadam::SkewAdamTiers;
+    skewadam::libtorch::register_device_core<SkewAdamTiers>("cpu", &make_emulated_core<SkewAdamTiers>);
+    skewadam::libtorch::register_sharded_device_core<SkewAdamTiers>("cpu", &make_emulated_sharded_core<SkewAdamTiers>);
   }
   if (ranks < 1 || ranks > 8) {
     std::fprintf(stderr, "--ranks %d: must be in 1..8\n", ranks);
