@@ -8,6 +8,9 @@ target_link_libraries(skewadam-cuda-emulation-tests PRIVATE skewadam::skewadam s
                       doctest::doctest)
 target_include_directories(skewadam-cuda-emulation-tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/support)
 target_compile_definitions(skewadam-cuda-emulation-tests PRIVATE SKEWADAM_GOLDEN_DIR="${SKEWADAM_GOLDEN_DIR}")
+# (the kernels' source defines main(): it stays alone)
+skewadam_unity_tests(skewadam-cuda-emulation-tests 2)
+set_source_files_properties(emulation/test_cuda_kernels_emulated.cpp PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
 doctest_discover_tests(skewadam-cuda-emulation-tests TEST_PREFIX "cuda-emulation/" PROPERTIES LABELS cuda-emulation)
 
 # Every golden case through skewadam-replay --backend cuda-emulated, and

@@ -27,6 +27,7 @@ add_library(skewadam-torch-test-common OBJECT ${_torch_common_sources}
 target_include_directories(skewadam-torch-test-common PUBLIC ${_torch_test_includes})
 target_link_libraries(skewadam-torch-test-common PUBLIC skewadam::skewadam ${TORCH_LIBRARIES} doctest::doctest)
 target_compile_features(skewadam-torch-test-common PUBLIC cxx_std_20)
+skewadam_unity_tests(skewadam-torch-test-common 4)
 if(TARGET skewadam_warnings)
   target_link_libraries(skewadam-torch-test-common PUBLIC skewadam_warnings)
 endif()

@@ -18,7 +18,7 @@
 #include <skewadam/eigen_view.hpp>
 #include <skewadam/skewadam.hpp>
 
-namespace {
+namespace test_contract_cuda_emulated {
 
 using namespace skewadam;
 
@@ -61,10 +61,13 @@ struct EmulatedCudaSharded {
   }
 };
 
-}  // namespace
+}  // namespace test_contract_cuda_emulated
 
-#define SKEWADAM_CONTRACT_CONFIGURATIONS EmulatedCudaLocal, EmulatedCudaSharded
+#define SKEWADAM_CONTRACT_CONFIGURATIONS \
+  ::test_contract_cuda_emulated::EmulatedCudaLocal, ::test_contract_cuda_emulated::EmulatedCudaSharded
 #include "contract_suite.hpp"
+
+namespace test_contract_cuda_emulated {
 
 TEST_CASE("CUDA engine, emulated: Eigen objects register as any view does") {
   using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -81,3 +84,5 @@ TEST_CASE("CUDA engine, emulated: Eigen objects register as any view does") {
   CHECK(std::equal(v.begin(), v.end(), w.data()));
   CHECK(mapped.steps() == 3);
 }
+
+}  // namespace test_contract_cuda_emulated

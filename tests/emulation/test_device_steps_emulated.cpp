@@ -20,6 +20,8 @@
 
 #include "training_fixture.hpp"
 
+namespace test_device_steps_emulated {
+
 namespace {
 
 using namespace skewadam;
@@ -196,3 +198,5 @@ TEST_CASE("device counts: what a graph cannot do is refused, naming it, and noth
   REFUSED(opt.replay(again), "captured before the optimizer changed");
   CHECK(opt.steps() == 2);
 }
+
+}  // namespace test_device_steps_emulated

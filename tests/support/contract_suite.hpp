@@ -175,10 +175,9 @@ std::filesystem::path scratch_file(const std::string& name) {
 
 }  // namespace skewadam::contract
 
-namespace {
-using namespace skewadam;
-using namespace skewadam::contract;
-}  // namespace
+// The test cases, in the suite's namespace (a unity build includes this file
+// beside other tests' sources).
+namespace skewadam::contract {
 
 
 TEST_CASE_TEMPLATE("contract: every golden case", Config, SKEWADAM_CONTRACT_CONFIGURATIONS) {
@@ -467,3 +466,5 @@ TEST_CASE_TEMPLATE("contract: bad input is refused, naming the argument, and not
   }
   CHECK(Observed::take(m, *opt) == with_grads);
 }
+
+}  // namespace skewadam::contract

@@ -22,6 +22,8 @@
 
 #include "training_fixture.hpp"
 
+namespace test_checkpoint {
+
 namespace fs = std::filesystem;
 using namespace skewadam;
 using fixture::Model;
@@ -470,3 +472,5 @@ TEST_CASE("saving is atomic: a process killed while saving leaves a loadable che
   (void)original;
 }
 #endif
+
+}  // namespace test_checkpoint

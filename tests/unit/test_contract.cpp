@@ -8,7 +8,7 @@
 #include <skewadam/dist/sharded_checkpoint.hpp>
 #include <skewadam/skewadam.hpp>
 
-namespace {
+namespace test_contract {
 
 using namespace skewadam;
 
@@ -33,7 +33,7 @@ struct ShardedSelf {
   }
 };
 
-}  // namespace
+}  // namespace test_contract
 
-#define SKEWADAM_CONTRACT_CONFIGURATIONS skewadam::contract::CpuLocal, ShardedSelf
+#define SKEWADAM_CONTRACT_CONFIGURATIONS skewadam::contract::CpuLocal, ::test_contract::ShardedSelf
 #include "contract_suite.hpp"

@@ -10,6 +10,8 @@
 
 #include <skewadam/skewadam.hpp>
 
+namespace test_cpu_arch {
+
 namespace {
 
 using namespace skewadam;
@@ -63,3 +65,5 @@ TEST_CASE("a name that cannot run here is an error naming the variable and the c
                                              "it); available: " + choices);
   CHECK_THROWS_AS(visit_arch(foreign, []<class A>() { return 0; }), std::invalid_argument);
 }
+
+}  // namespace test_cpu_arch

@@ -20,6 +20,8 @@
 
 #include "cpu_archs.hpp"
 
+namespace test_cpu_arch_conformance {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -51,3 +53,5 @@ TEST_CASE_TEMPLATE_DEFINE("golden cases pass on every CPU code path", Arch, gold
   }
 }
 TEST_CASE_TEMPLATE_APPLY(golden_every_arch, skewadam::test::CpuArchs);
+
+}  // namespace test_cpu_arch_conformance

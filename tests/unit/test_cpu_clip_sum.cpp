@@ -16,6 +16,8 @@
 
 #include "cpu_archs.hpp"
 
+namespace test_cpu_clip_sum {
+
 namespace {
 
 using namespace skewadam;
@@ -108,3 +110,5 @@ TEST_CASE_TEMPLATE_DEFINE("the statistics pass's sum(u^2) equals the direct sum"
   }
 }
 TEST_CASE_TEMPLATE_APPLY(clip_sum, skewadam::test::CpuArchs);
+
+}  // namespace test_cpu_clip_sum

@@ -17,6 +17,8 @@
 
 #include "cpu_archs.hpp"
 
+namespace test_cpu_lanes {
+
 namespace {
 
 using namespace skewadam;
@@ -170,3 +172,5 @@ TEST_CASE_TEMPLATE_DEFINE("bf16 and fp16 loads widen every bit pattern exactly",
   }
 }
 TEST_CASE_TEMPLATE_APPLY(widen, SimdArchs);
+
+}  // namespace test_cpu_lanes

@@ -15,6 +15,8 @@
 
 #include "cpu_archs.hpp"
 
+namespace test_cpu_summation {
+
 namespace {
 
 using namespace skewadam;
@@ -115,3 +117,5 @@ TEST_CASE("wide_sum: double sums in blocks") {
   CHECK(s == want);  // integers: exact in any order
   CHECK(backend::cpu::wide_sum(0, [](index_t) { return 1.0; }) == 0.0);
 }
+
+}  // namespace test_cpu_summation

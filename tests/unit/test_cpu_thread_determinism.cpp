@@ -14,6 +14,8 @@
 
 #include <skewadam/skewadam.hpp>
 
+namespace test_cpu_thread_determinism {
+
 namespace {
 
 using namespace skewadam;
@@ -171,3 +173,5 @@ TEST_CASE("the multi-tensor step really updates every tensor and clips") {
     CHECK(r.params[k] != fresh[k].bytes());
   }
 }
+
+}  // namespace test_cpu_thread_determinism

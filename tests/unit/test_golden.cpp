@@ -8,6 +8,8 @@
 
 #include "test_util.hpp"
 
+namespace test_golden {
+
 using namespace skewadam;
 using namespace skewadam::tools;
 
@@ -62,3 +64,5 @@ TEST_CASE("a perturbed golden expectation is detected") {
   for (const auto& r : check_golden_case(c, run)) all_ok = all_ok && r.ok;
   CHECK_FALSE(all_ok);
 }
+
+}  // namespace test_golden

@@ -15,6 +15,8 @@
 
 #include "training_fixture.hpp"
 
+namespace test_nonfinite {
+
 using namespace skewadam;
 using fixture::Model;
 using fixture::Snapshot;
@@ -235,3 +237,5 @@ TEST_CASE("unchecked: NaN flows through, as in the reference") {
   CHECK(opt.steps() == 1);
   CHECK_THROWS_AS(opt.set_nonfinite_policy(static_cast<NonFinitePolicy>(7)), std::invalid_argument);
 }
+
+}  // namespace test_nonfinite

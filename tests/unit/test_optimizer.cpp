@@ -8,6 +8,8 @@
 
 #include "test_util.hpp"
 
+namespace test_optimizer {
+
 using namespace skewadam;
 
 namespace {
@@ -290,3 +292,5 @@ TEST_CASE("gradients in the parameter's 16-bit dtype") {
   CHECK(a.state(ParamId{0}).v_row.size() == 8);
   CHECK(a.state(ParamId{0}).v_row[0] == b.state(ParamId{0}).v_row[0]);
 }
+
+}  // namespace test_optimizer

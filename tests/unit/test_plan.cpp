@@ -16,6 +16,8 @@
 #include <skewadam_tools/plan_report.hpp>
 #include "plan_test_support.hpp"
 
+namespace test_plan {
+
 using skewadam::Dtype;
 using skewadam::index_t;
 using skewadam::Shape;
@@ -268,3 +270,5 @@ TEST_CASE("report: number formats") {
   CHECK(format_share(1, 0) == "-");
   CHECK(format_share(1, 1'000'000) == "<0.001 %");
 }
+
+}  // namespace test_plan

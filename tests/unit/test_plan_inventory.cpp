@@ -17,6 +17,8 @@
 #include <skewadam_tools/safetensors.hpp>
 #include "plan_test_support.hpp"
 
+namespace test_plan_inventory {
+
 using skewadam::Dtype;
 using skewadam::index_t;
 using skewadam::Shape;
@@ -383,3 +385,5 @@ TEST_CASE("load_inventory: files, folders, sharded indexes, sniffing, and names 
     SKEWADAM_CHECK_ERROR(InventoryError, load_inventory({bad_json.string()}), "bad.json: the file is not valid JSON");
   }
 }
+
+}  // namespace test_plan_inventory

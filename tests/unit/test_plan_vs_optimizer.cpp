@@ -8,6 +8,8 @@
 
 #include "test_util.hpp"
 
+namespace test_plan_vs_optimizer {
+
 using namespace skewadam;
 
 namespace {
@@ -66,3 +68,5 @@ TEST_CASE("optimizer state bytes equal the planner's for the same inventory") {
   CHECK(plan.tiers.router.params == 8 * 32);
   CHECK(plan.tiers.experts.tensors == 3);
 }
+
+}  // namespace test_plan_vs_optimizer

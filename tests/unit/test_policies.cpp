@@ -6,6 +6,8 @@
 
 #include <skewadam/skewadam.hpp>
 
+namespace test_policies {
+
 using namespace skewadam;
 
 TEST_CASE("step scalars are formed in double and rounded once") {
@@ -81,3 +83,5 @@ TEST_CASE("warm-up + cosine schedule") {
   CHECK_THROWS_WITH_AS((WarmupCosine{.warmup_steps = 5, .total_steps = 4}.validate()),
                        doctest::Contains("total_steps"), std::invalid_argument);
 }
+
+}  // namespace test_policies

@@ -11,6 +11,8 @@
 #include "reference_rule.hpp"
 #include "test_util.hpp"
 
+namespace test_reference {
+
 using namespace skewadam;
 
 namespace {
@@ -130,3 +132,5 @@ TEST_CASE("rank-1 tensors under a factored rule use the exact second moment") {
   s.momentum = true;
   CHECK(run_against_reference<BackboneRule>(s, {100}, 4, 1) <= 0.1);
 }
+
+}  // namespace test_reference

@@ -7,6 +7,8 @@
 
 #include "test_util.hpp"
 
+namespace test_rounding {
+
 using namespace skewadam;
 
 namespace {
@@ -137,3 +139,5 @@ TEST_CASE("fused weight decay decays bf16 parameters where a separate bf16 decay
   for (int k = 0; k < steps; ++k) nearest.step();
   CHECK(to_float(w2[0]) == 1.0f);
 }
+
+}  // namespace test_rounding

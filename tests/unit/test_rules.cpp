@@ -7,6 +7,8 @@
 
 #include "test_util.hpp"
 
+namespace test_rules {
+
 using namespace skewadam;
 
 static_assert(BackboneRule::layout == layouts::backbone);
@@ -98,3 +100,5 @@ TEST_CASE("a user-defined policy plugs into a rule") {
   CHECK(p == std::vector<float>{-0.5f, 0.5f, -0.5f, 0.5f});
   CHECK(opt.state_bytes() == 4 * 4 * 2);
 }
+
+}  // namespace test_rules

@@ -14,6 +14,8 @@
 #include <skewadam/dist/sharded_checkpoint.hpp>
 #include <skewadam/skewadam.hpp>
 
+namespace test_sharded {
+
 using namespace skewadam;
 
 namespace {
@@ -216,3 +218,5 @@ TEST_CASE("sharded checkpoint: a save that cannot be written raises an I/O error
   dist::load_checkpoint(opt, file);
   CHECK(opt.steps() == 1);
 }
+
+}  // namespace test_sharded

@@ -11,6 +11,8 @@
 
 #include "plan_test_support.hpp"
 
+namespace test_tier_assignment {
+
 using skewadam::Tier;
 using skewadam::TierAssigner;
 
@@ -135,3 +137,5 @@ TEST_CASE("over-long names are rejected before any regex runs on them") {
   CHECK(a.assign(longest.substr(1) + "x") == Tier::router);
   SKEWADAM_CHECK_ERROR(std::invalid_argument, a.assign(longest + "a"), "longer than the limit of 4096 bytes");
 }
+
+}  // namespace test_tier_assignment

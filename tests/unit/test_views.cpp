@@ -7,6 +7,8 @@
 #include <skewadam/eigen_view.hpp>
 #include <skewadam/skewadam.hpp>
 
+namespace test_views {
+
 using namespace skewadam;
 
 TEST_CASE("shape geometry: the last two dimensions are the matrix") {
@@ -75,3 +77,5 @@ TEST_CASE("views from Eigen") {
   CHECK_THROWS_WITH_AS(eigen_view(strided, "w"), doctest::Contains("w: Eigen object is not contiguous"),
                        std::invalid_argument);
 }
+
+}  // namespace test_views

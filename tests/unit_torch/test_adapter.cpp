@@ -15,6 +15,8 @@
 
 #include "torch_test_support.hpp"
 
+namespace test_adapter {
+
 namespace {
 
 using namespace skewadam_torch_test;
@@ -304,3 +306,5 @@ TEST_CASE("a step with a non-finite gradient is skipped, or raises, as the optio
     CHECK_FALSE(opt.engine_core().has_grad(*opt.engine_core().find("w")));  // no view of a gradient kept
   }
 }
+
+}  // namespace test_adapter

@@ -16,6 +16,8 @@
 
 #include "torch_test_support.hpp"
 
+namespace test_serialize {
+
 namespace {
 
 using namespace skewadam_torch_test;
@@ -279,3 +281,5 @@ TEST_CASE("the archive carries the library's checkpoint: it loads into skewadam:
   load_into(other, out.str());
   CHECK(same_state(snapshot(other), snapshot(opt)));
 }
+
+}  // namespace test_serialize

@@ -14,6 +14,8 @@
 #include "model.hpp"
 #include "torch_test_support.hpp"
 
+namespace test_tier_rules {
+
 namespace {
 
 using skewadam::Tier;
@@ -108,3 +110,5 @@ TEST_CASE("rules are overridable and the first match wins") {
                                                     only),
                        doctest::Contains("layers.0.attn.w"), std::invalid_argument);
 }
+
+}  // namespace test_tier_rules

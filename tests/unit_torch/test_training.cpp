@@ -15,6 +15,8 @@
 #include "model.hpp"
 #include "torch_test_support.hpp"
 
+namespace test_training {
+
 namespace {
 
 using skewadam_torch_test::test_device;
@@ -87,3 +89,5 @@ TEST_CASE("a short training run's loss decreases (bf16 parameters)") {
   INFO("first " << first << ", last " << last);
   CHECK(last < first - 1.0);
 }
+
+}  // namespace test_training
