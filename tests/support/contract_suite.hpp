@@ -179,7 +179,6 @@ std::filesystem::path scratch_file(const std::string& name) {
 // beside other tests' sources).
 namespace skewadam::contract {
 
-
 TEST_CASE_TEMPLATE("contract: every golden case", Config, SKEWADAM_CONTRACT_CONFIGURATIONS) {
   INFO("configuration: ", Config::name);
   const auto cases = skewadam::test::golden_cases();
