@@ -1,13 +1,18 @@
 # The CUDA backend on the host (tests/emulation/): the CUDA engine and its
 # kernels over the emulated runtime, no GPU and no CUDA toolkit needed. The
 # contract suite runs over it; the kernel tests add what only the kernels
-# show (long rows' sums).
+# show (long rows' sums), and the rounding tests the CPU backend's 16-bit bits.
 add_executable(skewadam-cuda-emulation-tests emulation/test_cuda_kernels_emulated.cpp
-               emulation/test_contract_cuda_emulated.cpp emulation/test_device_steps_emulated.cpp)
+               emulation/test_contract_cuda_emulated.cpp emulation/test_device_steps_emulated.cpp
+               emulation/test_rounding_emulated.cpp)
 target_link_libraries(skewadam-cuda-emulation-tests PRIVATE skewadam::skewadam skewadam_tooling skewadam_warnings
                       doctest::doctest)
 target_include_directories(skewadam-cuda-emulation-tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/support)
 target_compile_definitions(skewadam-cuda-emulation-tests PRIVATE SKEWADAM_GOLDEN_DIR="${SKEWADAM_GOLDEN_DIR}")
+# The kernels run here as the GPU runs them, without contraction into fused
+# multiply-adds (CUDA: -fmad=false), so that the rounding test can hold the
+# emulated kernels to the CPU backend's bits, which it compiles the same way.
+target_compile_options(skewadam-cuda-emulation-tests PRIVATE $<$<CXX_COMPILER_ID:GNU,Clang>:-ffp-contract=off>)
 # (the kernels' source defines main(): it stays alone)
 skewadam_unity_tests(skewadam-cuda-emulation-tests 2)
 set_source_files_properties(emulation/test_cuda_kernels_emulated.cpp PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)

@@ -1,10 +1,16 @@
 #pragma once
 // Counter-based random bits for stochastic rounding (SPEC extension E1).
 //
-// Philox4x32-10 (Random123) keyed by (seed), counted by (element / 4, step,
+// Philox4x32-10 (Random123) keyed by (seed), counted by (element / 8, step,
 // tensor): the bits an element gets depend only on (seed, step, tensor id,
 // element index), never on threads, chunking or backend, so CPU and CUDA
 // produce the same bf16 bits and a resumed run repeats an uninterrupted one.
+//
+// Rounding to bf16 needs 16 random bits per element (fp16: 13 in its normal
+// range), so one Philox block of four 32-bit words serves eight elements:
+// element e of block k = e / 8 takes the low half of word (e mod 4) when
+// e mod 8 < 4 and its high half otherwise. (Checkpoints name this stream's
+// rounding policy StochasticRounding16: see rule_name.hpp.)
 
 #include <Random123/philox.h>
 
@@ -33,7 +39,11 @@ constexpr std::uint32_t tensor_id(std::string_view name) noexcept {
   return h;
 }
 
-/// Four 32-bit words for elements [4k, 4k + 4) of a tensor.
+/// Elements served by one Philox block.
+inline constexpr index_t elements_per_block = 8;
+
+/// The four 32-bit words of Philox block k: the bits of elements [8k, 8k + 8)
+/// of a tensor.
 SKEWADAM_HD inline r123::Philox4x32::ctr_type random_block(const RoundingKey& key, std::uint64_t k) {
   r123::Philox4x32 gen;
   r123::Philox4x32::ctr_type ctr = {{static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(k >> 32),
@@ -44,25 +54,32 @@ SKEWADAM_HD inline r123::Philox4x32::ctr_type random_block(const RoundingKey& ke
   return gen(ctr, k2);
 }
 
-/// The 32 random bits of one element.
-SKEWADAM_HD inline std::uint32_t random_bits(const RoundingKey& key, index_t element) {
-  const auto e = static_cast<std::uint64_t>(element);
-  return random_block(key, e >> 2).v[e & 3u];
+/// Element e's 16 random bits (in the low half of the result) from the words
+/// of its block (random_block(key, e / 8)).
+SKEWADAM_HD inline std::uint32_t block_bits(const r123::Philox4x32::ctr_type& block, std::uint64_t e) {
+  const std::uint32_t word = block.v[e & 3u];
+  return (e & 4u) ? word >> 16 : word & 0xffffu;
 }
 
-/// Sequential access to an element range, one Philox call per 4 elements.
+/// The 16 random bits of one element, in [0, 2^16).
+SKEWADAM_HD inline std::uint32_t random_bits(const RoundingKey& key, index_t element) {
+  const auto e = static_cast<std::uint64_t>(element);
+  return block_bits(random_block(key, e >> 3), e);
+}
+
+/// Sequential access to an element range, one Philox call per 8 elements.
 class RandomStream {
  public:
   SKEWADAM_HD explicit RandomStream(const RoundingKey& key) : key_(key) {}
   SKEWADAM_HD std::uint32_t operator()(index_t element) {
     const auto e = static_cast<std::uint64_t>(element);
-    const std::uint64_t k = e >> 2;
+    const std::uint64_t k = e >> 3;
     if (k != block_index_ || !valid_) {
       block_ = random_block(key_, k);
       block_index_ = k;
       valid_ = true;
     }
-    return block_.v[e & 3u];
+    return block_bits(block_, e);
   }
 
  private:

@@ -5,7 +5,7 @@
 // floats).
 //
 //   rule_name<BackboneRule>()
-//     == "UpdateRule<FullMomentum, FactoredSecondMoment, RmsUpdateClip, StochasticRounding>"
+//     == "UpdateRule<FullMomentum, FactoredSecondMoment, RmsUpdateClip, StochasticRounding16>"
 //
 // A rule with a custom policy is named by specialising policy_name:
 //
@@ -47,9 +47,16 @@ SKEWADAM_POLICY_NAME(ExactSecondMoment);
 SKEWADAM_POLICY_NAME(AdamSecondMoment);
 SKEWADAM_POLICY_NAME(RmsUpdateClip);
 SKEWADAM_POLICY_NAME(NoUpdateClip);
-SKEWADAM_POLICY_NAME(StochasticRounding);
 SKEWADAM_POLICY_NAME(NearestRounding);
 #undef SKEWADAM_POLICY_NAME
+/// Named for its random stream: 16 bits per element, eight elements per
+/// Philox block (random.hpp). Checkpoints of earlier versions name the
+/// policy StochasticRounding (32 bits per element, four per block); see
+/// same_saved_rule().
+template <>
+struct policy_name<StochasticRounding> {
+  static constexpr std::string_view value = "StochasticRounding16";
+};
 
 /// "UpdateRule<Momentum, SecondMoment, Clip, Rounding>" with each policy's name.
 template <class Rule>
@@ -72,6 +79,18 @@ std::string rule_name() {
   s += policy_name<R>::value;
   s += ">";
   return s;
+}
+
+/// Whether a checkpoint's rule name `saved` names the rule `mine`: equal, or
+/// equal once the rounding policy StochasticRounding16 is read as the
+/// StochasticRounding of earlier versions. That policy keeps no state, so
+/// such a checkpoint's state means what it meant when saved; only the
+/// rounding bits of the steps after loading come from the current stream.
+inline bool same_saved_rule(std::string_view saved, std::string_view mine) {
+  if (saved == mine) return true;
+  constexpr std::string_view now = ", StochasticRounding16>", before = ", StochasticRounding>";
+  return mine.ends_with(now) && saved.ends_with(before) &&
+         saved.substr(0, saved.size() - before.size()) == mine.substr(0, mine.size() - now.size());
 }
 
 /// The name of the rule that a TierRules<...> assigns to tier t.

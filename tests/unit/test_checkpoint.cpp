@@ -20,6 +20,7 @@
 #include <skewadam/detail/crc32c.hpp>
 #include <skewadam/skewadam.hpp>
 
+#include "../../fuzz/fuzz_fixture.hpp"
 #include "training_fixture.hpp"
 
 namespace test_checkpoint {
@@ -98,12 +99,73 @@ TEST_CASE("crc32c: standard check values") {
 }
 
 TEST_CASE("rule names identify every policy") {
-  CHECK(rule_name<BackboneRule>() == "UpdateRule<FullMomentum, FactoredSecondMoment, RmsUpdateClip, StochasticRounding>");
-  CHECK(rule_name<AdamWRule>() == "UpdateRule<FullMomentum, AdamSecondMoment, NoUpdateClip, StochasticRounding>");
+  CHECK(rule_name<BackboneRule>() ==
+        "UpdateRule<FullMomentum, FactoredSecondMoment, RmsUpdateClip, StochasticRounding16>");
+  CHECK(rule_name<AdamWRule>() == "UpdateRule<FullMomentum, AdamSecondMoment, NoUpdateClip, StochasticRounding16>");
   CHECK(tier_rule_name<SkewAdamTiers>(Tier::router) ==
-        "UpdateRule<NoMomentum, ExactSecondMoment, RmsUpdateClip, StochasticRounding>");
+        "UpdateRule<NoMomentum, ExactSecondMoment, RmsUpdateClip, StochasticRounding16>");
   CHECK(rule_name<ExpertRule::with_rounding<NearestRounding>>() ==
         "UpdateRule<NoMomentum, FactoredSecondMoment, RmsUpdateClip, NearestRounding>");
+}
+
+TEST_CASE("a saved rule name of an earlier rounding stream names the same rule, nothing else does") {
+  const std::string now = rule_name<BackboneRule>();
+  CHECK(same_saved_rule(now, now));
+  CHECK(same_saved_rule("UpdateRule<FullMomentum, FactoredSecondMoment, RmsUpdateClip, StochasticRounding>", now));
+  CHECK_FALSE(same_saved_rule("UpdateRule<NoMomentum, FactoredSecondMoment, RmsUpdateClip, StochasticRounding>", now));
+  CHECK_FALSE(same_saved_rule("UpdateRule<FullMomentum, FactoredSecondMoment, RmsUpdateClip, NearestRounding>", now));
+  const std::string nearest = rule_name<BackboneRule::with_rounding<NearestRounding>>();
+  CHECK_FALSE(same_saved_rule("UpdateRule<FullMomentum, FactoredSecondMoment, RmsUpdateClip, StochasticRounding>",
+                              nearest));
+  CHECK_FALSE(same_saved_rule(now, nearest));
+}
+
+TEST_CASE("a checkpoint naming the earlier rounding policy loads, and resumes bit for bit") {
+  // A checkpoint as earlier versions wrote it: the same records, with the
+  // rounding policy named StochasticRounding in every tier's rule.
+  fuzz::Fixture trained;
+  trained.train(2);
+  const std::vector<std::byte> now = checkpoint_bytes(trained.opt, SaveOptions{.include_params = true});
+  const auto* b = reinterpret_cast<const unsigned char*>(now.data());
+  using namespace detail::ckpt;
+  REQUIRE(get_le(b + header_size, 4) == tag_optimizer);
+  const std::uint64_t len = get_le(b + header_size + 8, 8);
+  const unsigned char* payload = b + header_size + record_header_size;
+  CheckpointInfo c;
+  const std::uint64_t nparams = decode_optimizer(std::vector<unsigned char>(payload, payload + len), "test", c);
+  for (auto& t : c.tiers) {
+    const auto at = t.rule.rfind("StochasticRounding16>");
+    REQUIRE(at != std::string::npos);
+    t.rule.replace(at, t.rule.size() - at, "StochasticRounding>");
+  }
+  const std::vector<unsigned char> renamed = encode_optimizer(c, nparams);
+  std::vector<unsigned char> out(b, b + header_size);
+  put_le(out.data() + 16, now.size() - len + renamed.size(), 8);
+  put_le(out.data() + 28, detail::crc32c(out.data(), 28), 4);
+  unsigned char rh[record_header_size];
+  put_le(rh, tag_optimizer, 4);
+  put_le(rh + 4, 0, 4);
+  put_le(rh + 8, renamed.size(), 8);
+  out.insert(out.end(), rh, rh + record_header_size);
+  out.insert(out.end(), renamed.begin(), renamed.end());
+  unsigned char crc[record_trailer_size];
+  put_le(crc, detail::crc32c_update(detail::crc32c(rh, sizeof rh), renamed.data(), renamed.size()), 4);
+  out.insert(out.end(), crc, crc + record_trailer_size);
+  const unsigned char* rest = payload + len + record_trailer_size;
+  out.insert(out.end(), rest, b + now.size());
+  const auto* bytes = reinterpret_cast<const std::byte*>(out.data());
+  const std::span<const std::byte> legacy(bytes, out.size());
+  REQUIRE(read_checkpoint_info(legacy).tiers[1].rule ==
+          "UpdateRule<NoMomentum, FactoredSecondMoment, RmsUpdateClip, StochasticRounding>");
+
+  fuzz::Fixture loaded;
+  loaded.train(1);  // a different state, which the load must replace
+  load_checkpoint(loaded.opt, legacy, LoadOptions{.params = ParamValues::require});
+  CHECK(loaded.opt.steps() == 2);
+  CHECK(loaded.param_bits() == trained.param_bits());
+  trained.train(3);
+  loaded.train(3);
+  CHECK(loaded.param_bits() == trained.param_bits());
 }
 
 TEST_CASE("resume is bit-identical: fp32 and bf16 with stochastic rounding, any thread count, any order") {
@@ -286,8 +348,8 @@ TEST_CASE("loading checks names, tiers, dtypes, shapes and rules, and names ever
       const std::string w = e.what();
       CHECK(e.kind() == CheckpointError::Kind::mismatch);
       CHECK(w.find("tier experts: rule UpdateRule<NoMomentum, FactoredSecondMoment, RmsUpdateClip, "
-                   "StochasticRounding> in the checkpoint, UpdateRule<FullMomentum, FactoredSecondMoment, "
-                   "RmsUpdateClip, StochasticRounding> in this optimizer") != std::string::npos);
+                   "StochasticRounding16> in the checkpoint, UpdateRule<FullMomentum, FactoredSecondMoment, "
+                   "RmsUpdateClip, StochasticRounding16> in this optimizer") != std::string::npos);
       CHECK(w.find("tier backbone") == std::string::npos);
     }
   }

@@ -62,7 +62,7 @@ TEST_CASE_TEMPLATE_DEFINE("Philox on SIMD lanes gives the scalar definition's bi
   {
     using PL = PhiloxLanes<Arch>;
     CAPTURE(Arch::name());
-    std::vector<std::uint32_t> out(static_cast<std::size_t>(PL::words));
+    std::vector<std::uint32_t> out(static_cast<std::size_t>(PL::elements));
     // block counters: small, around the 2^32 boundary of the low word, above it
     const std::uint64_t starts[] = {0, 4096, (std::uint64_t{1} << 32) - 4096, std::uint64_t{1} << 32,
                                     (std::uint64_t{3} << 40) + 1024};
@@ -71,9 +71,9 @@ TEST_CASE_TEMPLATE_DEFINE("Philox on SIMD lanes gives the scalar definition's bi
         for (std::uint64_t k0 = s; k0 < s + 4 * PL::lanes * PL::chains; k0 += PL::lanes * PL::chains) {
           PL::generate(key, k0, out.data());
           bool ok = true;
-          for (index_t i = 0; i < PL::words; ++i)
+          for (index_t i = 0; i < PL::elements; ++i)
             ok = ok && out[static_cast<std::size_t>(i)] ==
-                           random_bits(key, static_cast<index_t>(4 * k0) + i);
+                           random_bits(key, static_cast<index_t>(elements_per_block * k0) + i);
           CAPTURE(k0);
           CHECK(ok);
         }

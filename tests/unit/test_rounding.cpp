@@ -2,7 +2,9 @@
 
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "test_util.hpp"
@@ -47,7 +49,7 @@ TEST_CASE("stochastic rounding is unbiased for bf16 and fp16") {
 }
 
 TEST_CASE("stochastic rounding keeps representable values, NaN and infinities") {
-  for (std::uint32_t r : {0u, 0x7fffffffu, 0xffffffffu}) {
+  for (std::uint32_t r : {0u, 0x7fffu, 0xffffu}) {
     CHECK(to_float(StochasticRounding::store<bf16>(1.5f, r)) == 1.5f);
     CHECK(to_float(StochasticRounding::store<f16>(-0.25f, r)) == -0.25f);
     CHECK(std::isnan(to_float(StochasticRounding::store<bf16>(NAN, r))));
@@ -57,6 +59,34 @@ TEST_CASE("stochastic rounding keeps representable values, NaN and infinities") 
     CHECK(to_float(StochasticRounding::store<f16>(1e6f, r)) == 65504.0f);  // saturates beyond the largest finite
     CHECK(StochasticRounding::store<float>(0.1f, r) == 0.1f);
   }
+}
+
+TEST_CASE("one Philox block serves eight elements, 16 bits each") {
+  const RoundingKey k{0x0123456789abcdefULL, tensor_id("experts.w1"), (std::uint64_t{5} << 32) + 17};
+  for (index_t block : {index_t{0}, index_t{1}, index_t{1000}, (index_t{1} << 33) + 3}) {
+    r123::Philox4x32 gen;
+    const r123::Philox4x32::ctr_type ctr = {{static_cast<std::uint32_t>(block),
+                                            static_cast<std::uint32_t>(static_cast<std::uint64_t>(block) >> 32), 17u,
+                                            tensor_id("experts.w1") ^ 5u}};
+    const r123::Philox4x32::ctr_type w = gen(ctr, {{0x89abcdefu, 0x01234567u}});
+    CAPTURE(block);
+    for (index_t e = 0; e < 8; ++e) {
+      const std::uint32_t word = w.v[e % 4];
+      CHECK(random_bits(k, 8 * block + e) == (e < 4 ? word & 0xffffu : word >> 16));
+    }
+  }
+  // the 16 bits are uniform: every bit position is set about half the time
+  std::array<int, 16> ones{};
+  const int n = 1 << 16;
+  for (index_t e = 0; e < n; ++e)
+    for (int b = 0; b < 16; ++b) ones[b] += (random_bits(k, e) >> b) & 1u;
+  for (int b = 0; b < 16; ++b) {
+    CAPTURE(b);
+    CHECK(std::abs(ones[b] - n / 2) < 5 * 128);  // 5 standard deviations (sqrt(n / 4) = 128)
+  }
+  bool below = true;
+  for (index_t e = 0; e < 4096; ++e) below = below && random_bits(k, e) < 0x10000u;
+  CHECK(below);
 }
 
 TEST_CASE("random bits depend only on seed, tensor, step and element") {

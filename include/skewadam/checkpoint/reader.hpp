@@ -224,7 +224,7 @@ void load(Optimizer<Tiers, Backend, Placement>& opt, Source& src, const LoadOpti
         for (Tier t : all_tiers) {
           const auto i = static_cast<std::size_t>(tier_index(t));
           const std::string mine = tier_rule_name<Tiers>(t);
-          rule_ok[i] = c.tiers[i].rule == mine && c.tiers[i].layout == Tiers::layout(t);
+          rule_ok[i] = same_saved_rule(c.tiers[i].rule, mine) && c.tiers[i].layout == Tiers::layout(t);
           if (!rule_ok[i])
             problems.push_back("tier " + c.tiers[i].name + ": rule " + c.tiers[i].rule +
                                " in the checkpoint, " + mine + " in this optimizer");

@@ -7,11 +7,15 @@
 //         L / 2^16 (add 16 random bits, truncate) - exact proportion, since the
 //         spacing of bf16 values in one binade is uniform in fp32's bits.
 //   fp16: neighbours lo < x < hi; rounds to hi with probability
-//         (x - lo) / (hi - lo), computed exactly in fp32, compared against 24
-//         random bits. Subnormals are covered; beyond the largest finite value
-//         it saturates to it.
+//         (x - lo) / (hi - lo), computed exactly in fp32, compared against 16
+//         random bits: exact wherever x is a normal fp16 value (the proportion
+//         has at most 13 bits); on fp16's subnormals the proportion can have
+//         more, and the probability is its round-up to a multiple of 2^-16
+//         (a bias below 2^-16 of the subnormal spacing, 2^-24). Beyond the
+//         largest finite value it saturates to it.
 // NaN and infinities are stored as round-to-nearest does. fp32 parameters are
-// not rounded. The 32 random bits per element come from random.hpp.
+// not rounded. The 16 random bits per element (the low half of random_bits)
+// come from random.hpp.
 // Cost: no state.
 
 #include <cstdint>
@@ -31,7 +35,7 @@ struct StochasticRounding {
     } else if constexpr (std::is_same_v<T, bf16>) {
       const std::uint32_t b = float_bits(x);
       if ((b & 0x7f800000u) == 0x7f800000u) return round_nearest<bf16>(x);  // NaN, Inf
-      const std::uint32_t r = (b + (random_bits >> 16)) & 0xffff0000u;
+      const std::uint32_t r = (b + (random_bits & 0xffffu)) & 0xffff0000u;
       return from_bits<bf16>(static_cast<std::uint16_t>(r >> 16));
     } else {
       const std::uint32_t b = float_bits(x);
@@ -51,7 +55,7 @@ struct StochasticRounding {
       const std::uint16_t hi_bits = near_is_lo ? other_bits : near_bits;
       if (hi_bits >= 0x7c00u) return from_bits<f16>(static_cast<std::uint16_t>(lo_bits | sign));
       const float p_up = (ax - lo) / (hi - lo);                            // exact
-      const float u = static_cast<float>(random_bits >> 8) * 0x1p-24f;   // [0, 1), 24 bits
+      const float u = static_cast<float>(random_bits & 0xffffu) * 0x1p-16f;  // [0, 1), 16 bits
       const std::uint16_t pick = u < p_up ? hi_bits : lo_bits;
       return from_bits<f16>(static_cast<std::uint16_t>(pick | sign));
     }

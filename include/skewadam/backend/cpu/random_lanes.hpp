@@ -1,21 +1,23 @@
 #pragma once
-// Philox4x32-10 on SIMD lanes: the same bits as skewadam::random_block (the
+// Philox4x32-10 on SIMD lanes: the same bits as skewadam::random_bits (the
 // scalar Random123 definition in random.hpp), many blocks at a time.
 //
-// Element e of a tensor takes word (e mod 4) of Philox block e / 4, counter
-// (e / 4, step, tensor ^ step_hi), key seed. PhiloxLanes<Arch>::generate
-// computes `lanes` consecutive blocks at once, one block per lane, and
-// returns their 4 * lanes words in element order. Lane 4q + r computes block
-// n r + q (n = lanes / 4): after the per-128-bit-chunk 4 x 4 transpose of the
-// four output words, chunk q of output vector r holds block n r + q, i.e. the
-// vectors are the words of elements [0, lanes), [lanes, 2 lanes), ... in
-// order, with no cross-chunk shuffles.
+// Element e of a tensor takes 16 bits of Philox block e / 8, counter
+// (e / 8, step, tensor ^ step_hi), key seed: the low half of word (e mod 4)
+// for e mod 8 < 4, the high half otherwise. PhiloxLanes<Arch>::generate
+// computes lanes * chains consecutive blocks, one block per lane and chain,
+// and returns their elements' bits in element order. Lane 4q + r computes
+// block n r + q (n = lanes / 4): after the per-128-bit-chunk 4 x 4 transpose
+// of the four output words, chunk q of output vector r holds block n r + q,
+// i.e. the vectors hold the blocks' words in block order, with no cross-chunk
+// shuffles; each block's four words then give its eight elements' halves.
 //
-// RandomWindow<Arch> serves the words of a run of increasing element indices
-// from a small buffer (two windows of 4 * lanes words), so a kernel reads its
-// random bits as one vector load per vector of elements. Architectures
-// without native lane primitives fill the buffer with the scalar definition.
-// tests/unit/test_random_lanes.cpp checks every path against random_bits().
+// RandomWindow<Arch> serves the bits of a run of increasing element indices
+// from a small buffer (one window of generated elements, with the previous
+// window's last vector in front), so a kernel reads its random bits as one
+// vector load per vector of elements. Architectures without native lane
+// primitives fill the buffer with the scalar definition.
+// tests/unit/test_cpu_lanes.cpp checks every path against random_bits().
 
 #include <cstdint>
 #include <cstring>
@@ -34,11 +36,12 @@ struct PhiloxLanes {
   /// Independent Philox evaluations interleaved per call: the ten rounds are
   /// a dependency chain, several chains keep the multipliers busy.
   static constexpr int chains = 4;
-  /// Elements (words) produced per call.
-  static constexpr index_t words = 4 * lanes * chains;
+  /// Philox blocks per call, and the elements they serve.
+  static constexpr index_t blocks = lanes * chains;
+  static constexpr index_t elements = elements_per_block * blocks;
 
-  /// Words of elements [4 k0, 4 k0 + words); k0 must be a multiple of
-  /// lanes * chains.
+  /// The random bits of elements [8 k0, 8 k0 + elements); k0 must be a
+  /// multiple of lanes * chains.
   static void generate(const RoundingKey& key, std::uint64_t k0, std::uint32_t* out) noexcept {
     if constexpr (Ops::native && lanes % 4 == 0) {
       constexpr index_t n = lanes / 4;
@@ -100,36 +103,45 @@ struct PhiloxLanes {
           c3[h] = lo0;
         }
       }
+      // Vector r of chain h holds, chunk by chunk, the four words of blocks
+      // lanes h + n r + q (q < n); a block's eight elements take their low
+      // halves, then their high halves.
+      alignas(64) std::uint32_t lo[lanes], hi[lanes];
       for (int h = 0; h < chains; ++h) {
         Ops::transpose4(c0[h], c1[h], c2[h], c3[h]);
-        std::uint32_t* o = out + 4 * lanes * h;
-        c0[h].store_unaligned(o);
-        c1[h].store_unaligned(o + lanes);
-        c2[h].store_unaligned(o + 2 * lanes);
-        c3[h].store_unaligned(o + 3 * lanes);
+        const U* v[4] = {&c0[h], &c1[h], &c2[h], &c3[h]};
+        for (index_t r = 0; r < 4; ++r) {
+          (*v[r] & U(0xffffu)).store_aligned(lo);
+          (*v[r] >> 16).store_aligned(hi);
+          std::uint32_t* o = out + elements_per_block * (lanes * h + n * r);
+          for (index_t q = 0; q < n; ++q) {
+            std::memcpy(o + 8 * q, lo + 4 * q, 4 * sizeof(std::uint32_t));
+            std::memcpy(o + 8 * q + 4, hi + 4 * q, 4 * sizeof(std::uint32_t));
+          }
+        }
       }
     } else {
-      for (index_t b = 0; b < lanes * chains; ++b) {
+      for (index_t b = 0; b < blocks; ++b) {
         const auto w = random_block(key, k0 + static_cast<std::uint64_t>(b));
-        for (int k = 0; k < 4; ++k) out[4 * b + k] = w.v[k];
+        for (index_t k = 0; k < elements_per_block; ++k) out[8 * b + k] = block_bits(w, static_cast<std::uint64_t>(k));
       }
     }
   }
 };
 
-/// Random words for increasing element indices, buffered by windows of
-/// PhiloxLanes::words elements. The buffer keeps the last `lanes` words of the
-/// previous window in front of the current one, so a request that straddles
-/// two windows is still contiguous and moving on copies one vector.
+/// Random bits for increasing element indices, buffered by windows of
+/// PhiloxLanes::elements elements. The buffer keeps the last `lanes` values of
+/// the previous window in front of the current one, so a request that
+/// straddles two windows is still contiguous and moving on copies one vector.
 template <class Arch>
 class RandomWindow {
  public:
-  static constexpr index_t window = PhiloxLanes<Arch>::words;
+  static constexpr index_t window = PhiloxLanes<Arch>::elements;
   static constexpr index_t keep = PhiloxLanes<Arch>::lanes;
 
   explicit RandomWindow(const RoundingKey& key) noexcept : key_(key) {}
 
-  /// Pointer to the words of elements [e, e + count), count <= keep.
+  /// Pointer to the bits of elements [e, e + count), count <= keep.
   SKEWADAM_ALWAYS_INLINE const std::uint32_t* at(index_t e, index_t count) noexcept {
     if (e + count > start_ + window || e < start_ - keep) [[unlikely]]
       refill(e, count);
@@ -142,15 +154,15 @@ class RandomWindow {
     const index_t last = e + count - 1;
     const index_t s = last - last % window;  // the window holding the last element
     if (s == start_ + window) {
-      // moving on: keep the last words of the current window in front
+      // moving on: keep the last values of the current window in front
       std::memcpy(buf_, buf_ + window, sizeof(std::uint32_t) * keep);
     } else if (e < s) {
       // a jump onto a window boundary: the front comes from the window before
       alignas(64) std::uint32_t prev[window];
-      PhiloxLanes<Arch>::generate(key_, static_cast<std::uint64_t>((s - window) / 4), prev);
+      PhiloxLanes<Arch>::generate(key_, static_cast<std::uint64_t>((s - window) / elements_per_block), prev);
       std::memcpy(buf_, prev + window - keep, sizeof(std::uint32_t) * keep);
     }
-    PhiloxLanes<Arch>::generate(key_, static_cast<std::uint64_t>(s / 4), buf_ + keep);
+    PhiloxLanes<Arch>::generate(key_, static_cast<std::uint64_t>(s / elements_per_block), buf_ + keep);
     start_ = s;
   }
 

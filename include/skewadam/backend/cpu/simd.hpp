@@ -101,7 +101,7 @@ SKEWADAM_ALWAYS_INLINE float reduce_add(const V& v) {
 /// lanes' random bits). The two rounding policies of the library are written
 /// out on integer lanes, bit for bit their scalar definitions
 /// (policies/stochastic_rounding.hpp, Eigen's round-to-nearest-even):
-///   stochastic: (b + (bits >> 16)) >> 16; NaN and infinities as nearest
+///   stochastic: (b + bits) >> 16 (bits: 16 random bits); NaN and infinities as nearest
 ///   nearest:    (b + 0x7fff + ((b >> 16) & 1)) >> 16
 ///   NaN:        0x7fc0 with the sign of x (what Eigen's conversion stores)
 template <class Rounding, class U, class F>
@@ -109,7 +109,7 @@ SKEWADAM_ALWAYS_INLINE U bf16_lanes(const F& x, const std::uint32_t* words) {
   const U b = xsimd::bitwise_cast<U>(x);
   U r;
   if constexpr (std::is_same_v<Rounding, StochasticRounding>) {
-    r = (b + (U::load_unaligned(words) >> 16)) >> 16;
+    r = (b + U::load_unaligned(words)) >> 16;
   } else {
     (void)words;
     r = (b + U(0x7fffu) + ((b >> 16) & U(1u))) >> 16;

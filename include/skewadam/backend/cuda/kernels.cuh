@@ -52,8 +52,10 @@
 // Element-wise rule (router, rank-1 tensors, AdamW): statistics per chunk
 // (and the whole update when the rule does not clip), finalize, apply.
 //
-// Stochastic rounding takes element e's bits from Philox block e / 4
-// (random.hpp), one call per 4 consecutive elements, as the CPU does.
+// Stochastic rounding takes element e's 16 bits from Philox block e / 8
+// (random.hpp), as the CPU does, and every block is evaluated once: the
+// element-wise store and the factored apply take aligned groups of 8
+// elements per thread (the factored apply's as two quads).
 //
 // Apart from nvcc, this header compiles with the host shim of
 // tools/common/skewadam_tools/cuda_emulation.hpp, which runs the kernels on
@@ -302,7 +304,7 @@ struct Math {
   }
   /// Whether the matrix rows of t can be walked in aligned quads.
   static __device__ SKEWADAM_ALWAYS_INLINE bool quads_ok(const DeviceTask& t) {
-    return t.geom.cols % 4 == 0 && detail::aligned_to(t.param, 4 * sizeof(P)) &&
+    return t.geom.cols % 4 == 0 && t.element_base % 4 == 0 && detail::aligned_to(t.param, 4 * sizeof(P)) &&
            detail::aligned_to(t.grad, 4 * sizeof(G));
   }
   static __device__ SKEWADAM_ALWAYS_INLINE detail::Quad<float> grad_quad(const DeviceTask& t, const StepScalars& s,
@@ -330,22 +332,23 @@ struct Math {
     *p = R::template store<P>(pn, bits);
   }
   /// Calls f(o) -> lr * u for every element o of [e0, e1) and stores the
-  /// parameter; threads take aligned groups of 4 (one Philox block).
+  /// parameter; threads take aligned groups of 8 (one Philox block).
   template <class F>
   static __device__ SKEWADAM_ALWAYS_INLINE void store_range(const DeviceTask& t, const TaskStep& st, index_t e0,
                                                             index_t e1, F&& f) {
-    // quads of the whole tensor's elements (element_base + o), so that a
+    // groups of the whole tensor's elements (element_base + o), so that a
     // piece's rounding bits are those of the same elements in one process
+    constexpr int n = static_cast<int>(elements_per_block);
     const index_t base = t.element_base;
-    const index_t q1 = (base + e1 + 3) >> 2;
-    for (index_t q = ((base + e0) >> 2) + threadIdx.x; q < q1; q += blockDim.x) {
-      std::uint32_t bits[4] = {0u, 0u, 0u, 0u};
+    const index_t q1 = (base + e1 + n - 1) / n;
+    for (index_t q = (base + e0) / n + threadIdx.x; q < q1; q += blockDim.x) {
+      std::uint32_t bits[n] = {};
       if constexpr (random) {
         const auto blk = random_block(st.key, static_cast<std::uint64_t>(q));
-        for (int l = 0; l < 4; ++l) bits[l] = blk.v[l];
+        for (int l = 0; l < n; ++l) bits[l] = block_bits(blk, static_cast<std::uint64_t>(l));
       }
-      for (int l = 0; l < 4; ++l) {
-        const index_t o = 4 * q + l - base;
+      for (int l = 0; l < n; ++l) {
+        const index_t o = n * q + l - base;
         if (o < e0 || o >= e1) continue;
         update_param(t, st.s, o, f(o), bits[l]);
       }
@@ -679,7 +682,10 @@ struct Math {
 
   static __device__ void factored_apply(const DeviceTask& t, const TaskStep& st, const WorkItem& it) {
     if (quads_ok(t)) {
-      factored_apply_quads(t, st, it);
+      if constexpr (random)
+        factored_apply_octets(t, st, it);
+      else
+        factored_apply_quads(t, st, it);
       return;
     }
     const StepScalars& s = st.s;
@@ -700,8 +706,9 @@ struct Math {
     }
   }
 
-  /// factored_apply over aligned quads, last quad first: each thread takes
-  /// `unroll` quads per round and issues all their loads before the first use.
+  /// factored_apply over aligned quads, last quad first, for a rule that
+  /// draws no random bits: each thread takes `unroll` quads per round and
+  /// issues all their loads before the first use.
   static __device__ void factored_apply_quads(const DeviceTask& t, const TaskStep& st, const WorkItem& it) {
     constexpr int unroll = 2;
     const StepScalars& s = st.s;
@@ -747,18 +754,70 @@ struct Math {
         if (ok[u]) {
           const index_t o = first + 4 * lq[u];
           const float a = s.lr / (S::row_factor(rv[u], vbar, s) * div);
-          std::uint32_t bits[4] = {0u, 0u, 0u, 0u};
-          if constexpr (random) {
-            const auto blk = random_block(st.key, static_cast<std::uint64_t>((t.element_base + o) >> 2));
-            for (int l = 0; l < 4; ++l) bits[l] = blk.v[l];
-          }
           detail::Quad<P> out;
           for (int l = 0; l < 4; ++l) {
             const float step = n[u].v[l] * (a * wq[u].v[l]);
             const float pn = to_float(pq[u].v[l]) * s.decay - step;
-            out.v[l] = R::template store<P>(pn, bits[l]);
+            out.v[l] = R::template store<P>(pn, 0u);
           }
           detail::store_quad(param + o, out);
+        }
+    }
+  }
+
+  /// factored_apply over aligned quads for a rule that draws random bits:
+  /// each thread takes the two quads of one Philox block (the 8 elements of
+  /// block k, random.hpp), last block first, issues both quads' loads, then
+  /// evaluates the block once for both.
+  static __device__ void factored_apply_octets(const DeviceTask& t, const TaskStep& st, const WorkItem& it) {
+    const StepScalars& s = st.s;
+    const index_t b = it.matrix;
+    const index_t r = t.geom.rows;
+    const index_t c = t.geom.cols;
+    const float div = C::active ? t.divisor[b] : 1.0f;
+    const float vbar = t.vbar[b];
+    const float* rs = t.v_row + b * r;
+    const float* w = t.inv_col + b * c;
+    P* param = static_cast<P*>(t.param);
+    const index_t first = (b * r + it.begin) * c;  // the block's elements [first, last)
+    const index_t last = (b * r + it.end) * c;
+    const index_t base = t.element_base;  // a multiple of 4 (quads_ok), as are first and c
+    const bool narrow = last - first <= index_t{0xffffffff};
+    const index_t k0 = (base + first) >> 3;
+    for (index_t k = ((base + last - 1) >> 3) - static_cast<index_t>(threadIdx.x); k >= k0;
+         k -= static_cast<index_t>(blockDim.x)) {
+      bool ok[2];
+      index_t o[2], i[2];
+      detail::Quad<float> n[2], wq[2];
+      detail::Quad<P> pq[2];
+      float rv[2];
+      for (int h = 0; h < 2; ++h) {
+        o[h] = 8 * k + 4 * h - base;
+        ok[h] = o[h] >= first && o[h] < last;
+        const index_t lo = ok[h] ? o[h] - first : 0;
+        if (narrow)
+          i[h] = static_cast<index_t>(static_cast<std::uint32_t>(lo) / static_cast<std::uint32_t>(c));
+        else
+          i[h] = lo / c;
+      }
+      for (int h = 0; h < 2; ++h)
+        if (ok[h]) {
+          rv[h] = rs[it.begin + i[h]];
+          wq[h] = detail::load_quad(w + (o[h] - first - i[h] * c));
+          n[h] = numerator_quad(t, s, o[h]);
+          pq[h] = detail::load_quad(param + o[h]);
+        }
+      const auto blk = random_block(st.key, static_cast<std::uint64_t>(k));
+      for (int h = 0; h < 2; ++h)
+        if (ok[h]) {
+          const float a = s.lr / (S::row_factor(rv[h], vbar, s) * div);
+          detail::Quad<P> out;
+          for (int l = 0; l < 4; ++l) {
+            const float step = n[h].v[l] * (a * wq[h].v[l]);
+            const float pn = to_float(pq[h].v[l]) * s.decay - step;
+            out.v[l] = R::template store<P>(pn, block_bits(blk, static_cast<std::uint64_t>(4 * h + l)));
+          }
+          detail::store_quad(param + o[h], out);
         }
     }
   }
