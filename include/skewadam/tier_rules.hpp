@@ -35,6 +35,9 @@ using FactoredRouterTiers = TierRules<BackboneRule, ExpertRule, AdafactorRule>;
 using UniformTiers = TierRules<UniformRule, UniformRule, UniformRule>;
 /// Ablation: no momentum anywhere (Adafactor-like).
 using AdafactorTiers = TierRules<AdafactorRule, AdafactorRule, AdafactorRule>;
+/// Ablation: the experts keep momentum and an exact second moment (AdamW's
+/// state, with the reference's eps floor and update clipping).
+using ExactExpertsTiers = TierRules<BackboneRule, ExactMomentumRule, RouterRule>;
 /// Baseline: AdamW everywhere.
 using AdamWTiers = TierRules<AdamWRule, AdamWRule, AdamWRule>;
 

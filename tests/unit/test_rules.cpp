@@ -19,6 +19,7 @@ static_assert(std::is_same_v<ExpertMomentumTiers::experts, BackboneRule>);
 static_assert(std::is_same_v<FactoredRouterTiers::router, AdafactorRule>);
 static_assert(UniformTiers::layout(Tier::router) == layouts::backbone);
 static_assert(AdafactorTiers::layout(Tier::backbone) == layouts::adafactor);
+static_assert(ExactExpertsTiers::layout(Tier::experts) == layouts::adamw);
 static_assert(std::is_same_v<ExpertRule::rank1_rule, RouterRule>);
 static_assert(std::is_same_v<BackboneRule::with_rounding<NearestRounding>::rounding, NearestRounding>);
 

@@ -97,4 +97,6 @@ struct RegisterCudaCore {
       skewadam_libtorch_cuda_uniform_{};                                           \
   static const ::skewadam::libtorch::RegisterCudaCore<::skewadam::AdafactorTiers>  \
       skewadam_libtorch_cuda_adafactor_{};                                         \
+  static const ::skewadam::libtorch::RegisterCudaCore<::skewadam::ExactExpertsTiers> \
+      skewadam_libtorch_cuda_exact_experts_{};                                     \
   static const ::skewadam::libtorch::RegisterCudaCore<::skewadam::AdamWTiers> skewadam_libtorch_cuda_adamw_{};

@@ -791,6 +791,7 @@ using ExpertMomentumAblation = Optimizer<ExpertMomentumTiers>;
 using FactoredRouterAblation = Optimizer<FactoredRouterTiers>;
 using UniformAblation = Optimizer<UniformTiers>;
 using AdafactorLike = Optimizer<AdafactorTiers>;
+using ExactExpertsAblation = Optimizer<ExactExpertsTiers>;
 using AdamW = Optimizer<AdamWTiers>;
 
 }  // namespace skewadam::libtorch
