@@ -67,6 +67,10 @@ class Core {
   /// A host copy of the complete state (optimizer_state.hpp; sharded:
   /// collective).
   virtual OptimizerState export_state() const = 0;
+  /// Replaces the complete state with `state` (Optimizer::import_state):
+  /// everything is checked first, and on error nothing changes. Sharded:
+  /// collective, every rank passes the same state and keeps its share.
+  virtual void import_state(OptimizerState state) = 0;
   /// The library's checkpoint (checkpoint.hpp). Sharded: collective, rank 0
   /// receives it all, the other ranks nothing.
   virtual std::vector<std::byte> checkpoint() = 0;
@@ -122,6 +126,7 @@ class CoreOf : public Core {
   std::optional<ParamId> find(std::string_view name) const override { return opt_.find(name); }
   bool has_grad(ParamId id) const override { return opt_.grad(id).present(); }
   OptimizerState export_state() const override { return opt_.export_state(); }
+  void import_state(OptimizerState state) override { opt_.import_state(std::move(state)); }
   std::vector<std::byte> checkpoint() override {
     if constexpr (Opt::sharded) return dist::checkpoint_bytes(opt_);
     else return checkpoint_bytes(opt_);
@@ -196,6 +201,10 @@ class DeviceCore final : public CoreOf<Opt> {
   OptimizerState export_state() const override {
     const typename Device::Guard g(device_);
     return Base::export_state();
+  }
+  void import_state(OptimizerState state) override {
+    const typename Device::Guard g(device_);
+    Base::import_state(std::move(state));
   }
   std::vector<std::byte> checkpoint() override {
     const typename Device::Guard g(device_);

@@ -275,6 +275,15 @@ Key state_key_of(const at::Tensor& p) {
   }
 }
 
+}  // namespace detail
+
+/// The key of a parameter's entry in a torch::optim::Optimizer's state():
+/// a string in LibTorch 1.x (and 2.0/2.1), the TensorImpl's address from 2.2
+/// on, as torch's own optimizers form it.
+inline detail::TorchStateKey state_key(const at::Tensor& p) { return detail::state_key_of<detail::TorchStateKey>(p); }
+
+namespace detail {
+
 inline Dtype dtype_of_tensor(const at::Tensor& t, const std::string& who) {
   switch (t.scalar_type()) {
     case at::kFloat: return Dtype::f32;
@@ -579,6 +588,30 @@ class Optimizer : public ::torch::optim::Optimizer {
     archive.write("checkpoint",
                   at::from_blob(const_cast<std::byte*>(bytes.data()), {n}, at::TensorOptions().dtype(at::kByte)).clone(),
                   true);  // clone(): the archive owns a copy
+  }
+
+  /// A host copy of the complete state (optimizer_state.hpp), with the
+  /// param groups' hyperparameters; parameters in registration order
+  /// (names()). Sharded: collective, every rank receives all of it.
+  OptimizerState export_state() const {
+    check_groups();
+    for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
+    return core_->export_state();
+  }
+
+  /// Replaces the complete state with `state` (parameters in registration
+  /// order, as export_state() gives them; its hyperparameters become the
+  /// param groups' options). Everything is checked first: on error
+  /// std::invalid_argument names the problem and nothing changes. As after
+  /// load(), tensors taken from state() or param_state() before no longer
+  /// view the optimizer's state. Sharded: collective, every rank passes the
+  /// same state.
+  void import_state(OptimizerState state) {
+    check_groups();
+    core_->import_state(std::move(state));
+    for (Tier tier : all_tiers) group_options(tier) = GroupOptions(tier, core_->hyperparameters(tier));
+    consolidated_.reset();
+    refresh_views();
   }
 
   /// Sharded: gathers the complete checkpoint onto rank 0 for save()
