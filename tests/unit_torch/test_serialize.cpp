@@ -226,6 +226,45 @@ TEST_CASE("a checkpoint that does not fit is refused and nothing changes") {
   }
 }
 
+TEST_CASE("export_state and import_state: a resumed run repeats the uninterrupted one; a bad state changes nothing") {
+  const Named start = make_params();
+  const Named a = clone(start);
+  skewadam::libtorch::SkewAdam opt(a, test_options(9));
+  run_steps(opt, a, start, 1, 3);
+  const skewadam::OptimizerState state = opt.export_state();
+  CHECK(state.steps == 3);
+  CHECK(state.seed == 9);
+  REQUIRE(state.params.size() == opt.names().size());
+  const Named values = clone(a);
+
+  const Named b = clone(start);
+  skewadam::libtorch::Options other = test_options(1);
+  other.hyperparameters.experts.lr = 0.5;
+  skewadam::libtorch::SkewAdam resumed(b, other);
+  run_steps(resumed, b, start, 1, 1);
+  const auto before = snapshot(resumed);
+  const Named b_before = clone(b);
+  skewadam::OptimizerState bad = state;
+  bad.params[4].state.v_row.pop_back();  // blocks.1.moe.experts.gate_proj
+  CHECK_THROWS_WITH_AS(resumed.import_state(bad), doctest::Contains("blocks.1.moe.experts.gate_proj"),
+                       std::invalid_argument);
+  bad = state;
+  bad.params.pop_back();
+  CHECK_THROWS_AS(resumed.import_state(bad), std::invalid_argument);
+  CHECK(same_state(snapshot(resumed), before));
+  CHECK(same_bits(b_before, b));
+
+  for (std::size_t i = 0; i < b.size(); ++i) b[i].second.detach().copy_(values[i].second);
+  resumed.import_state(state);
+  CHECK(resumed.group_options(skewadam::Tier::experts).get_lr() == 3e-3);  // the state's hyperparameters
+  CHECK(resumed.seed() == 9);
+  CHECK(same_state(snapshot(resumed), snapshot(opt)));
+  run_steps(opt, a, start, 4, 6);
+  run_steps(resumed, b, start, 4, 6);
+  CHECK(same_bits(a, b));
+  CHECK(same_state(snapshot(resumed), snapshot(opt)));
+}
+
 TEST_CASE("the archive carries the library's checkpoint: it loads into skewadam::Optimizer and back") {
   const Named start = make_params();
   const Named a = clone(start);
