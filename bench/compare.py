@@ -104,8 +104,8 @@ class TorchOpsSkewAdam:
                 u = g * math.sqrt(bc2)
             if factored:
                 if "v_row" not in st:
-                    st["v_row"] = torch.zeros(g.shape[:-1], dtype=torch.float32)
-                    st["v_col"] = torch.zeros(g.shape[:-2] + g.shape[-1:], dtype=torch.float32)
+                    st["v_row"] = torch.zeros(g.shape[:-1], dtype=torch.float32, device=g.device)
+                    st["v_col"] = torch.zeros(g.shape[:-2] + g.shape[-1:], dtype=torch.float32, device=g.device)
                 r, c = st["v_row"], st["v_col"]
                 g2 = g * g
                 r.mul_(b2).add_(g2.mean(dim=-1), alpha=1.0 - b2)
@@ -130,7 +130,7 @@ class TorchOpsSkewAdam:
                 x = p.float()
                 x.mul_(1.0 - lr * self.wd).add_(u, alpha=-lr)
                 bits = x.view(torch.int32)
-                bits.add_(torch.randint(0, 1 << 16, x.shape, dtype=torch.int32)).bitwise_and_(-65536)
+                bits.add_(torch.randint(0, 1 << 16, x.shape, dtype=torch.int32, device=x.device)).bitwise_and_(-65536)
                 p.copy_(x)
 
 

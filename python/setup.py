@@ -1,0 +1,73 @@
+"""Builds skewadam._skewadam, a torch extension over the header-only C++
+library in ../include: the CPU backend always, and the CUDA backend too when
+the installed torch has CUDA and nvcc is found (SKEWADAM_CUDA=0 turns it off,
+=1 requires it).
+
+    python3 -m venv --system-site-packages VENV
+    VENV/bin/pip install --no-build-isolation --no-deps ./python
+
+The kernels are compiled for this machine's processor (-march=native); set
+SKEWADAM_MARCH to another -march value (x86-64-v3, say) for a build that runs
+elsewhere. MAX_JOBS sets how many sources compile at once (default: the cores).
+"""
+
+import os
+import pathlib
+import shutil
+import sys
+
+from setuptools import setup
+
+try:
+    import torch
+    from torch.utils import cpp_extension
+except ImportError:  # pragma: no cover - stated to the user
+    sys.exit("skewadam: building needs torch installed (Debian: python3-torch), and pip's "
+             "--no-build-isolation so that the build sees it")
+
+HERE = pathlib.Path(__file__).resolve().parent
+INCLUDE = HERE.parent / "include"
+if not (INCLUDE / "skewadam" / "skewadam.hpp").is_file():
+    sys.exit(f"skewadam: the library's headers are not at {INCLUDE}; build from the repository's "
+             "python/ folder (pip install ./python)")
+
+
+def include_dirs():
+    dirs = [str(INCLUDE)]
+    for eigen in ("/usr/include/eigen3", "/usr/local/include/eigen3"):
+        if os.path.isdir(eigen):
+            dirs.append(eigen)
+            break
+    else:
+        sys.exit("skewadam: Eigen's headers were not found (Debian: libeigen3-dev)")
+    return dirs
+
+
+def with_cuda():
+    want = os.environ.get("SKEWADAM_CUDA", "auto")
+    found = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None and (
+        shutil.which("nvcc") or os.path.exists(os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")))
+    if want == "1" and not found:
+        sys.exit("skewadam: SKEWADAM_CUDA=1, but this torch has no CUDA or nvcc was not found")
+    return bool(found) and want != "0"
+
+
+march = os.environ.get("SKEWADAM_MARCH", "native")
+cxx = ["-std=c++20", "-O3", "-g0", f"-march={march}", "-fopenmp", "-fno-math-errno",
+       # GCC 12's AVX-512 intrinsics warn as (maybe-)uninitialized once inlined
+       # (GCC bug 105593)
+       "-Wno-uninitialized", "-Wno-maybe-uninitialized"]
+sources = ["src/module.cpp", "src/paper_variants.cpp", "src/baselines.cpp"]
+kwargs = dict(include_dirs=include_dirs(), extra_link_args=["-fopenmp"])
+if with_cuda():
+    cxx.append("-DSKEWADAM_PYTHON_WITH_CUDA")
+    extension = cpp_extension.CUDAExtension(
+        "skewadam._skewadam", sources + ["src/cuda_engines.cu"],
+        extra_compile_args={"cxx": cxx,
+                            "nvcc": ["-std=c++20", "-O3", "--expt-relaxed-constexpr", "-fmad=false",
+                                     "-diag-suppress=20012,20013,20014,20015,445"]},
+        **kwargs)
+else:
+    extension = cpp_extension.CppExtension("skewadam._skewadam", sources, extra_compile_args={"cxx": cxx}, **kwargs)
+
+setup(ext_modules=[extension], cmdclass={"build_ext": cpp_extension.BuildExtension})

@@ -1,0 +1,42 @@
+"""SkewAdam for PyTorch: each parameter population of a Mixture-of-Experts
+model keeps only the optimizer state that pays.
+
+    import skewadam
+    opt = skewadam.SkewAdam(model.named_parameters(), lr=3e-4, weight_decay=0.05)
+
+The classes are torch.optim.Optimizer subclasses over the header-only C++
+library (CPU backend; CUDA backend when built with it). See TieredOptimizer
+for the keyword arguments they share.
+"""
+
+from . import _skewadam
+from .optim import (
+    AdafactorLike,
+    AdamW,
+    ExactExpertsAblation,
+    ExpertMomentumAblation,
+    FactoredRouterAblation,
+    NonFiniteGradientError,
+    SkewAdam,
+    StepReport,
+    TieredOptimizer,
+    UniformAblation,
+)
+
+__version__ = _skewadam.version
+#: whether this build holds the CUDA engines (parameters on a CUDA device)
+cuda = _skewadam.cuda
+
+__all__ = [
+    "AdafactorLike",
+    "AdamW",
+    "ExactExpertsAblation",
+    "ExpertMomentumAblation",
+    "FactoredRouterAblation",
+    "NonFiniteGradientError",
+    "SkewAdam",
+    "StepReport",
+    "TieredOptimizer",
+    "UniformAblation",
+    "cuda",
+]

@@ -1,0 +1,260 @@
+#pragma once
+// The compiled half of the Python package: one Engine per variant, over the
+// LibTorch adapter (skewadam/torch/optimizer.hpp), which owns the library's
+// optimizer for CPU or CUDA tensors. The Python half (skewadam/optim.py)
+// keeps torch's param groups and hands each step their hyperparameters.
+//
+// Everything that crosses into Python is plain: names, tier and policy
+// names as strings, tuples of hyperparameters, tensors. A bad argument raises
+// std::invalid_argument naming it (ValueError in Python), and changes
+// nothing.
+
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <skewadam/rule_name.hpp>
+#include <skewadam/torch/optimizer.hpp>
+
+namespace skewadam::python {
+
+namespace py = pybind11;
+
+/// One tier's hyperparameters as Python passes them:
+/// (lr, beta1, beta2, eps, weight_decay, clip_threshold, clip_scope).
+using HyperTuple = std::tuple<double, double, double, double, double, double, std::string>;
+
+inline Hyperparameters hyper_of(const HyperTuple& t, Tier tier) {
+  Hyperparameters h;
+  h.lr = std::get<0>(t);
+  h.beta1 = std::get<1>(t);
+  h.beta2 = std::get<2>(t);
+  h.eps = std::get<3>(t);
+  h.weight_decay = std::get<4>(t);
+  h.clip_threshold = std::get<5>(t);
+  const std::string where = std::string(tier_name(tier));
+  h.clip_scope = parse_clip_scope(std::get<6>(t), where + ".clip_scope");
+  validate(h, where);
+  return h;
+}
+
+inline HyperTuple tuple_of(const Hyperparameters& h) {
+  return {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.clip_threshold,
+          h.clip_scope == ClipScope::matrix ? "matrix" : "tensor"};
+}
+
+/// The three tiers' hyperparameters, in the order backbone, experts, router.
+inline PerTier<Hyperparameters> per_tier_of(const std::vector<HyperTuple>& v) {
+  if (v.size() != static_cast<std::size_t>(tier_count))
+    throw std::invalid_argument("hyperparameters: " + std::to_string(v.size()) + " tiers given, " +
+                                std::to_string(tier_count) + " expected");
+  PerTier<Hyperparameters> out;
+  for (Tier t : all_tiers) out[t] = hyper_of(v[static_cast<std::size_t>(tier_index(t))], t);
+  return out;
+}
+
+inline NonFinitePolicy policy_of(const std::string& s) {
+  if (s == "skip") return NonFinitePolicy::skip_step;
+  if (s == "raise") return NonFinitePolicy::raise;
+  if (s == "unchecked") return NonFinitePolicy::unchecked;
+  throw std::invalid_argument("nonfinite: '" + s + "' (expected skip, raise or unchecked)");
+}
+
+/// A host fp32 copy of `data` with `sizes` (an empty array: None).
+inline py::object tensor_of(const std::vector<float>& data, const std::vector<std::int64_t>& sizes) {
+  if (data.empty()) return py::none();
+  at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(at::kFloat));
+  std::memcpy(t.data_ptr<float>(), data.data(), data.size() * sizeof(float));
+  return py::cast(t);
+}
+
+/// The elements of a float32 tensor (or None: empty), for import_state.
+inline std::vector<float> floats_of(const py::object& o, const std::string& who) {
+  if (o.is_none()) return {};
+  if (!THPVariable_Check(o.ptr())) throw std::invalid_argument(who + ": not a tensor");
+  const at::Tensor t = o.cast<at::Tensor>();
+  if (t.scalar_type() != at::kFloat)
+    throw std::invalid_argument(who + ": dtype " + std::string(c10::toString(t.scalar_type())) + ", expected float32");
+  const at::Tensor c = t.detach().to(at::kCPU).contiguous();
+  return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+}
+
+template <class Tiers>
+class Engine {
+ public:
+  using Adapter = libtorch::Optimizer<Tiers>;
+
+  Engine(const std::vector<std::pair<std::string, at::Tensor>>& named,
+         const std::vector<std::pair<std::string, std::string>>& tier_rules, const std::vector<HyperTuple>& hyper,
+         double max_grad_norm, const std::string& nonfinite, std::uint64_t seed, int threads)
+      : opt_(named, options(tier_rules, hyper, max_grad_norm, nonfinite, seed, threads)) {
+    for (const auto& [name, tensor] : named)
+      if (!sizes_.count(name)) sizes_.emplace(name, tensor.sizes().vec());
+  }
+
+  /// One step with these hyperparameters (the param groups' now).
+  void step(const std::vector<HyperTuple>& hyper) {
+    const PerTier<Hyperparameters> h = per_tier_of(hyper);
+    for (Tier t : all_tiers) opt_.group_options(t).hyperparameters() = h[t];
+    const py::gil_scoped_release release;
+    opt_.step();
+  }
+
+  /// (applied, name, element, value, message) of the last step.
+  std::tuple<bool, std::optional<std::string>, std::int64_t, double, std::string> last_step() const {
+    const StepReport& r = opt_.last_step();
+    if (r.applied || !r.nonfinite) return {r.applied, std::nullopt, -1, 0.0, r.applied ? "applied" : "skipped"};
+    const NonFiniteGradient& n = *r.nonfinite;
+    return {false, n.name, static_cast<std::int64_t>(n.element), static_cast<double>(n.value), n.describe()};
+  }
+
+  std::vector<std::string> names() const { return opt_.names(); }
+  std::string tier(const std::string& name) const { return std::string(tier_name(opt_.tier(name))); }
+  std::int64_t steps() const { return opt_.steps(); }
+  std::uint64_t seed() const { return opt_.seed(); }
+  std::string device() const { return opt_.device().str(); }
+  std::int64_t state_bytes() const { return static_cast<std::int64_t>(opt_.state_bytes()); }
+  std::int64_t tier_state_bytes(const std::string& tier) const {
+    return static_cast<std::int64_t>(opt_.state_bytes(parse_tier(tier, "tier")));
+  }
+  /// {tier: the name of its rule}, as checkpoints record it.
+  std::unordered_map<std::string, std::string> rules() const {
+    std::unordered_map<std::string, std::string> r;
+    for (Tier t : all_tiers) r.emplace(std::string(tier_name(t)), tier_rule_name<Tiers>(t));
+    return r;
+  }
+
+  /// The tensors that view a parameter's state in place: {m, v, v_row, v_col}
+  /// (absent arrays: None), and its step count.
+  py::dict param_state(const std::string& name) const {
+    const libtorch::ParamState& s = opt_.param_state(name);
+    py::dict d;
+    d["step"] = s.step;
+    for (auto [key, t] : {std::pair{"m", &s.m}, std::pair{"v", &s.v}, std::pair{"v_row", &s.v_row},
+                          std::pair{"v_col", &s.v_col}})
+      d[key] = t->defined() ? py::cast(*t) : py::none();
+    return d;
+  }
+
+  /// The complete state, host copies: {steps, seed, hyper: [3 tuples],
+  /// params: [{name, step, rounding_stream, m, v, v_row, v_col}]} in
+  /// registration order, each array in its logical shape.
+  py::dict export_state() const {
+    OptimizerState s;
+    {
+      const py::gil_scoped_release release;
+      s = opt_.export_state();
+    }
+    const std::vector<std::string> names = opt_.names();
+    py::list params;
+    for (std::size_t i = 0; i < s.params.size(); ++i) {
+      const auto& p = s.params[i];
+      const std::vector<std::int64_t>& sizes = sizes_.at(names[i]);
+      const libtorch::detail::StateShapes shapes =
+          libtorch::detail::state_shapes(Shape(sizes.begin(), static_cast<index_t>(sizes.size()), names[i]));
+      py::dict d;
+      d["name"] = names[i];
+      d["step"] = p.state.step;
+      d["rounding_stream"] = p.rounding_stream;
+      d["m"] = tensor_of(p.state.m, shapes.full);
+      d["v"] = tensor_of(p.state.v, shapes.full);
+      d["v_row"] = tensor_of(p.state.v_row, shapes.rows);
+      d["v_col"] = tensor_of(p.state.v_col, shapes.cols);
+      params.append(d);
+    }
+    py::list hyper;
+    for (Tier t : all_tiers) hyper.append(tuple_of(s.hyperparameters[static_cast<std::size_t>(tier_index(t))]));
+    py::dict out;
+    out["steps"] = s.steps;
+    out["seed"] = s.seed;
+    out["hyper"] = hyper;
+    out["params"] = params;
+    return out;
+  }
+
+  /// Replaces the complete state; `params` as export_state() gives them, in
+  /// registration order. All or nothing.
+  void import_state(std::int64_t steps, std::uint64_t seed, const std::vector<HyperTuple>& hyper,
+                    const py::list& params) {
+    OptimizerState s;
+    s.steps = steps;
+    s.seed = seed;
+    const PerTier<Hyperparameters> h = per_tier_of(hyper);
+    for (Tier t : all_tiers) s.hyperparameters[static_cast<std::size_t>(tier_index(t))] = h[t];
+    const std::vector<std::string> names = opt_.names();
+    if (params.size() != names.size())
+      throw std::invalid_argument("state: " + std::to_string(params.size()) + " parameters, the optimizer has " +
+                                  std::to_string(names.size()));
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      const py::dict d = params[i].cast<py::dict>();
+      const std::string who = "state of '" + names[i] + "'";
+      OptimizerState::Param p;
+      p.state.step = d["step"].cast<std::int64_t>();
+      p.rounding_stream = d["rounding_stream"].cast<std::uint32_t>();
+      p.state.m = floats_of(d["m"], who + ".m");
+      p.state.v = floats_of(d["v"], who + ".v");
+      p.state.v_row = floats_of(d["v_row"], who + ".v_row");
+      p.state.v_col = floats_of(d["v_col"], who + ".v_col");
+      s.params.push_back(std::move(p));
+    }
+    const py::gil_scoped_release release;
+    opt_.import_state(std::move(s));
+  }
+
+ private:
+  static libtorch::Options options(const std::vector<std::pair<std::string, std::string>>& tier_rules,
+                                   const std::vector<HyperTuple>& hyper, double max_grad_norm,
+                                   const std::string& nonfinite, std::uint64_t seed, int threads) {
+    libtorch::Options o;
+    o.hyperparameters = per_tier_of(hyper);
+    std::vector<TierRule> rules;
+    for (std::size_t i = 0; i < tier_rules.size(); ++i) {
+      const std::string arg = "tier_rules[" + std::to_string(i) + "]";
+      rules.emplace_back(tier_rules[i].first, parse_tier(tier_rules[i].second, arg), arg);
+    }
+    o.tier_rules = TierAssigner(std::move(rules));
+    o.max_grad_norm = max_grad_norm;
+    o.nonfinite = policy_of(nonfinite);
+    o.seed = seed;
+    o.threads = threads;
+    return o;
+  }
+
+  Adapter opt_;
+  std::unordered_map<std::string, std::vector<std::int64_t>> sizes_;
+};
+
+/// Binds Engine<Tiers> as the Python class `name` of module m.
+template <class Tiers>
+void bind_engine(py::module_& m, const char* name) {
+  using E = Engine<Tiers>;
+  py::class_<E>(m, name)
+      .def(py::init<const std::vector<std::pair<std::string, at::Tensor>>&,
+                    const std::vector<std::pair<std::string, std::string>>&, const std::vector<HyperTuple>&, double,
+                    const std::string&, std::uint64_t, int>(),
+           py::arg("named_parameters"), py::arg("tier_rules"), py::arg("hyper"), py::arg("max_grad_norm"),
+           py::arg("nonfinite"), py::arg("seed"), py::arg("threads"))
+      .def("step", &E::step, py::arg("hyper"))
+      .def("last_step", &E::last_step)
+      .def("names", &E::names)
+      .def("tier", &E::tier, py::arg("name"))
+      .def("steps", &E::steps)
+      .def("seed", &E::seed)
+      .def("device", &E::device)
+      .def("state_bytes", &E::state_bytes)
+      .def("tier_state_bytes", &E::tier_state_bytes, py::arg("tier"))
+      .def("rules", &E::rules)
+      .def("param_state", &E::param_state, py::arg("name"))
+      .def("export_state", &E::export_state)
+      .def("import_state", &E::import_state, py::arg("steps"), py::arg("seed"), py::arg("hyper"), py::arg("params"));
+}
+
+}  // namespace skewadam::python

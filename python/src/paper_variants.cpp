@@ -1,0 +1,14 @@
+// SkewAdam and the paper's ablations of it.
+
+#include "engine.hpp"
+
+namespace skewadam::python {
+
+void bind_paper_variants(py::module_& m) {
+  bind_engine<SkewAdamTiers>(m, "SkewAdamEngine");
+  bind_engine<ExpertMomentumTiers>(m, "ExpertMomentumAblationEngine");
+  bind_engine<FactoredRouterTiers>(m, "FactoredRouterAblationEngine");
+  bind_engine<ExactExpertsTiers>(m, "ExactExpertsAblationEngine");
+}
+
+}  // namespace skewadam::python
