@@ -680,6 +680,21 @@ struct Math {
     }
   }
 
+  /// What every walk of matrix b's update reads once: its clip divisor and
+  /// vbar, its rows' statistics and its columns' 1 / col_j.
+  struct ApplyMatrix {
+    float div, vbar;
+    const float* rs;  ///< R_i of the matrix's rows
+    const float* w;   ///< 1 / col_j of its columns
+    /// lr / (row_i * divisor), for a row whose statistic is r
+    __device__ SKEWADAM_ALWAYS_INLINE float row_scale(float r, const StepScalars& s) const {
+      return s.lr / (S::row_factor(r, vbar, s) * div);
+    }
+  };
+  static __device__ SKEWADAM_ALWAYS_INLINE ApplyMatrix apply_matrix(const DeviceTask& t, index_t b) {
+    return {C::active ? t.divisor[b] : 1.0f, t.vbar[b], t.v_row + b * t.geom.rows, t.inv_col + b * t.geom.cols};
+  }
+
   static __device__ void factored_apply(const DeviceTask& t, const TaskStep& st, const WorkItem& it) {
     if (quads_ok(t)) {
       if constexpr (random)
@@ -690,19 +705,15 @@ struct Math {
     }
     const StepScalars& s = st.s;
     const index_t b = it.matrix;
-    const index_t r = t.geom.rows;
     const index_t c = t.geom.cols;
-    const float div = C::active ? t.divisor[b] : 1.0f;
-    const float vbar = t.vbar[b];
-    const float* rs = t.v_row + b * r;
-    const float* w = t.inv_col + b * c;
+    const ApplyMatrix m = apply_matrix(t, b);
     // Last row first: the statistics pass read this block's rows in order,
     // so the most recently read gradient rows are the likeliest still in L2.
     for (index_t i = it.end; i-- > it.begin;) {
-      const float a = s.lr / (S::row_factor(rs[i], vbar, s) * div);
-      const index_t row0 = (b * r + i) * c;
+      const float a = m.row_scale(m.rs[i], s);
+      const index_t row0 = (b * t.geom.rows + i) * c;
       store_range(t, st, row0, row0 + c,
-                  [&](index_t o) { return numerator_at(t, s, o) * (a * w[o - row0]); });
+                  [&](index_t o) { return numerator_at(t, s, o) * (a * m.w[o - row0]); });
     }
   }
 
@@ -713,15 +724,12 @@ struct Math {
     constexpr int unroll = 2;
     const StepScalars& s = st.s;
     const index_t b = it.matrix;
-    const index_t r = t.geom.rows;
     const index_t c = t.geom.cols;
     const index_t cq = c >> 2;
-    const float div = C::active ? t.divisor[b] : 1.0f;
-    const float vbar = t.vbar[b];
-    const float* rs = t.v_row + b * r + it.begin;
-    const float* w = t.inv_col + b * c;
+    const ApplyMatrix m = apply_matrix(t, b);
+    const float* rs = m.rs + it.begin;
     P* param = static_cast<P*>(t.param);
-    const index_t first = (b * r + it.begin) * c;  // the block's first element
+    const index_t first = (b * t.geom.rows + it.begin) * c;  // the block's first element
     const index_t nq = (it.end - it.begin) * cq;   // the block's quads
     const bool narrow = nq <= index_t{0xffffffff};
     const auto stride = static_cast<index_t>(blockDim.x);
@@ -746,14 +754,14 @@ struct Math {
         if (ok[u]) {
           const index_t o = first + 4 * lq[u];
           rv[u] = rs[row[u]];
-          wq[u] = detail::load_quad(w + 4 * (lq[u] - row[u] * cq));
+          wq[u] = detail::load_quad(m.w + 4 * (lq[u] - row[u] * cq));
           n[u] = numerator_quad(t, s, o);
           pq[u] = detail::load_quad(param + o);
         }
       for (int u = 0; u < unroll; ++u)
         if (ok[u]) {
           const index_t o = first + 4 * lq[u];
-          const float a = s.lr / (S::row_factor(rv[u], vbar, s) * div);
+          const float a = m.row_scale(rv[u], s);
           detail::Quad<P> out;
           for (int l = 0; l < 4; ++l) {
             const float step = n[u].v[l] * (a * wq[u].v[l]);
@@ -774,10 +782,7 @@ struct Math {
     const index_t b = it.matrix;
     const index_t r = t.geom.rows;
     const index_t c = t.geom.cols;
-    const float div = C::active ? t.divisor[b] : 1.0f;
-    const float vbar = t.vbar[b];
-    const float* rs = t.v_row + b * r;
-    const float* w = t.inv_col + b * c;
+    const ApplyMatrix m = apply_matrix(t, b);
     P* param = static_cast<P*>(t.param);
     const index_t first = (b * r + it.begin) * c;  // the block's elements [first, last)
     const index_t last = (b * r + it.end) * c;
@@ -802,15 +807,15 @@ struct Math {
       }
       for (int h = 0; h < 2; ++h)
         if (ok[h]) {
-          rv[h] = rs[it.begin + i[h]];
-          wq[h] = detail::load_quad(w + (o[h] - first - i[h] * c));
+          rv[h] = m.rs[it.begin + i[h]];
+          wq[h] = detail::load_quad(m.w + (o[h] - first - i[h] * c));
           n[h] = numerator_quad(t, s, o[h]);
           pq[h] = detail::load_quad(param + o[h]);
         }
       const auto blk = random_block(st.key, static_cast<std::uint64_t>(k));
       for (int h = 0; h < 2; ++h)
         if (ok[h]) {
-          const float a = s.lr / (S::row_factor(rv[h], vbar, s) * div);
+          const float a = m.row_scale(rv[h], s);
           detail::Quad<P> out;
           for (int l = 0; l < 4; ++l) {
             const float step = n[h].v[l] * (a * wq[h].v[l]);
