@@ -40,9 +40,9 @@ struct ModelConfig {
   std::int64_t kv_heads = 0;     ///< key/value heads (grouped-query attention); 0: heads
   std::int64_t context = 128;    ///< longest sequence (learned positions)
   std::int64_t layers = 2;       ///< blocks; odd ones are MoE
-  std::int64_t dense_ff = 384;   ///< hidden width of the dense SwiGLU
+  std::int64_t dense_ff = 192;   ///< hidden width of the dense SwiGLU
   std::int64_t experts = 16;     ///< experts per MoE layer
-  std::int64_t expert_ff = 256;  ///< hidden width of each expert
+  std::int64_t expert_ff = 768;  ///< hidden width of each expert
   std::int64_t top_k = 2;
   torch::ScalarType dtype = torch::kFloat;  ///< weights (LayerNorms and routers: fp32)
   torch::Device device = torch::kCPU;
@@ -174,10 +174,17 @@ class ExpertBankImpl : public torch::nn::Module {
     up_proj = register_parameter("up_proj", normal_parameter({experts, d, ff}, options, init_std));
     down_proj = register_parameter("down_proj", normal_parameter({experts, ff, d}, options, out_std));
   }
+  /// The banks' experts as views, taken once per forward: autograd then
+  /// stacks their gradients once per bank (indexing the bank per expert
+  /// would add a bank-sized gradient for every expert).
+  struct Views {
+    std::vector<torch::Tensor> gate, up, down;
+  };
+  Views views() { return {gate_proj.unbind(0), up_proj.unbind(0), down_proj.unbind(0)}; }
   /// SwiGLU of expert e on the rows of x ([n, d]).
-  torch::Tensor forward(std::int64_t e, const torch::Tensor& x) {
-    const auto xe = x.to(gate_proj.scalar_type());
-    return torch::matmul(torch::silu(torch::matmul(xe, gate_proj[e])) * torch::matmul(xe, up_proj[e]), down_proj[e]);
+  static torch::Tensor forward(const Views& w, std::size_t e, const torch::Tensor& x) {
+    const auto xe = x.to(w.gate[e].scalar_type());
+    return torch::matmul(torch::silu(torch::matmul(xe, w.gate[e])) * torch::matmul(xe, w.up[e]), w.down[e]);
   }
   torch::Tensor gate_proj, up_proj, down_proj;
 };
@@ -218,13 +225,15 @@ class MoEImpl : public torch::nn::Module {
     out.counts.assign(counts_host.data_ptr<std::int64_t>(), counts_host.data_ptr<std::int64_t>() + experts_);
     std::vector<torch::Tensor> tokens, outputs;
     std::int64_t start = 0;
+    const ExpertBankImpl::Views w = experts->views();
     for (std::int64_t e = 0; e < experts_; ++e) {
       const std::int64_t count = out.counts[static_cast<std::size_t>(e)];
       if (count == 0) continue;
       const auto slots = order.narrow(0, start, count);
       start += count;
       const auto token = flat_token.index_select(0, slots);
-      const auto ye = experts->forward(e, x.index_select(0, token)).to(x.scalar_type()) *
+      const auto ye = ExpertBankImpl::forward(w, static_cast<std::size_t>(e), x.index_select(0, token))
+                          .to(x.scalar_type()) *
                       flat_weight.index_select(0, slots).unsqueeze(1);
       tokens.push_back(token);
       outputs.push_back(ye);
@@ -255,14 +264,17 @@ class BlockImpl : public torch::nn::Module {
     else ffn = register_module("ffn", SwiGLU(c.d_model, c.dense_ff, options, out_std));
   }
 
-  /// Returns the block's output; adds its balance loss to `balance` (MoE blocks).
-  torch::Tensor forward(const torch::Tensor& x, torch::Tensor& balance) {
+  /// Returns the block's output; an MoE block adds its balance loss to
+  /// `balance` and its tokens per expert to `counts`.
+  torch::Tensor forward(const torch::Tensor& x, torch::Tensor& balance,
+                        std::vector<std::vector<std::int64_t>>& counts) {
     auto h = x + attn->forward(ln1->forward(x)).to(x.scalar_type());
     const auto z = ln2->forward(h);
     if (!moe) return h + ffn->forward(z).to(x.scalar_type());
     const auto shape = z.sizes().vec();
     MoEOutput m = moe->forward(z.reshape({-1, shape.back()}));
     balance = balance.defined() ? balance + m.balance_loss : m.balance_loss;
+    counts.push_back(std::move(m.counts));
     return h + m.y.view(shape);
   }
 
@@ -276,6 +288,7 @@ TORCH_MODULE(Block);
 struct LMOutput {
   torch::Tensor logits;        ///< [B, T, V]
   torch::Tensor balance_loss;  ///< mean over MoE layers (scalar)
+  std::vector<std::vector<std::int64_t>> expert_counts;  ///< per MoE layer: top-k assignments per expert
 };
 
 class MoELMImpl : public torch::nn::Module {
@@ -298,13 +311,13 @@ class MoELMImpl : public torch::nn::Module {
     auto h = tok_emb->forward(tokens) + pos_emb->forward(torch::arange(t, tokens.options()));
     torch::Tensor balance;
     std::int64_t moe_layers = 0;
+    LMOutput out;
     for (const auto& m : *blocks) {
       auto& block = *m->as<BlockImpl>();
       moe_layers += block.moe ? 1 : 0;
-      h = block.forward(h, balance);
+      h = block.forward(h, balance, out.expert_counts);
     }
     h = ln_f->forward(h);
-    LMOutput out;
     out.logits = torch::nn::functional::linear(h, tok_emb->weight);  // tied LM head
     out.balance_loss = moe_layers > 0 ? balance / static_cast<double>(moe_layers)
                                       : torch::zeros({}, h.options().dtype(torch::kFloat));
