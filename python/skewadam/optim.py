@@ -373,6 +373,10 @@ class TieredOptimizer(torch.optim.Optimizer):
                     group[key] = value
         self._refresh_state()
 
+    def __getstate__(self):
+        raise TypeError(f"{type(self).__name__} cannot be pickled or copied (its state lives in the compiled "
+                        "library); save and load state_dict() instead")
+
     # -------------------------------------------------------------- private
     def _group_hyper(self):
         if len(self.param_groups) != len(TIERS):

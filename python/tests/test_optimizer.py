@@ -2,6 +2,7 @@
 groups, the library's AdamW against torch's, schedulers, save and load,
 frozen and tied parameters, non-finite steps and bad input."""
 
+import copy
 import io
 import math
 
@@ -378,6 +379,8 @@ def test_bad_input_raises_naming_the_argument():
         skewadam.SkewAdam([("meta", torch.empty(3, device="meta"))])
     with pytest.raises(ValueError, match="add_param_group"):
         skewadam.SkewAdam(named).add_param_group({"params": [torch.zeros(2, requires_grad=True)]})
+    with pytest.raises(TypeError, match="state_dict"):
+        copy.deepcopy(skewadam.SkewAdam(named))
 
     # at step time: a group's bad value names it, and nothing changes
     opt = skewadam.SkewAdam(named, lr=1e-2)
