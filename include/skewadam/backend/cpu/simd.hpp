@@ -8,6 +8,7 @@
 
 #include "neon64_exact.hpp"  // right after xsimd: exact NEON division
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -115,12 +116,20 @@ SKEWADAM_ALWAYS_INLINE U bf16_lanes(const F& x, const std::uint32_t* words) {
     r = (b + U(0x7fffu) + ((b >> 16) & U(1u))) >> 16;
   }
   const U exp_mask(0x7f800000u);
-  const auto nonfinite = (b & exp_mask) == exp_mask;
-  if (xsimd::any(nonfinite)) [[unlikely]] {
-    const U hi = b >> 16;
-    const auto nan = nonfinite & ((b & U(0x007fffffu)) != U(0u));
-    r = xsimd::select(nonfinite, hi, r);
-    r = xsimd::select(nan, (hi & U(0x8000u)) | U(0x7fc0u), r);
+  if (xsimd::any((b & exp_mask) == exp_mask)) [[unlikely]] {
+    // Rare lanes, fixed one by one: xsimd's integer select on AVX-512BW does
+    // not compile where GCC's intrinsics are macros (builds without -O).
+    constexpr std::size_t n = U::size;
+    alignas(64) std::uint32_t bits[n];
+    alignas(64) std::uint32_t out[n];
+    b.store_aligned(bits);
+    r.store_aligned(out);
+    for (std::size_t k = 0; k < n; ++k) {
+      if ((bits[k] & 0x7f800000u) != 0x7f800000u) continue;
+      const std::uint32_t hi = bits[k] >> 16;
+      out[k] = (bits[k] & 0x007fffffu) != 0u ? (hi & 0x8000u) | 0x7fc0u : hi;
+    }
+    r = U::load_aligned(out);
   }
   return r;
 }
