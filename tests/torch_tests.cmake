@@ -17,6 +17,7 @@ endif()
 # The adapter's tests, which hold whatever its engine: compiled once for both
 # executables below.
 set(_torch_common_sources
+  ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_demo_report.cpp
   ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_serialize.cpp
   ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_tier_rules.cpp
   ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_training.cpp)

@@ -280,8 +280,8 @@ inline std::string claims(const std::vector<Row>& rows) {
   }
   std::vector<std::string> why;
   if (!behind.empty())
-    why.push_back("SkewAdam's perplexity is higher than " + list(behind) + "'s by more than one standard deviation");
-  if (!level.empty()) why.push_back("SkewAdam's perplexity is within one standard deviation of " + list(level) + "'s");
+    why.push_back("SkewAdam's perplexity is higher than that of " + list(behind) + " by more than one standard deviation");
+  if (!level.empty()) why.push_back("SkewAdam's perplexity is within one standard deviation of that of " + list(level));
   if (!unjudged.empty()) why.push_back("one seed leaves the gap to " + list(unjudged) + " unjudged (--seeds 3 or more)");
   o << "; it does not support the perplexity half: ";
   for (std::size_t i = 0; i < why.size(); ++i) o << (i ? "; " : "") << why[i];
