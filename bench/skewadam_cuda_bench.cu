@@ -236,6 +236,20 @@ int main(int argc, char** argv) {
       const std::string name = "step/backbone/" + std::string(skewadam::dtype_name(dtype)) + "/128tensors_64x256_256";
       if (wanted(name)) rows.push_back(time_steps<skewadam::SkewAdamTiers>(name, small, s, reps));
     }
+    // 128 experts of 512x1024 stored as separate tensors, and the same
+    // experts as one stacked bank [128, 512, 1024]: the list should step as
+    // fast as the bank.
+    for (Dtype dtype : {Dtype::f32, Dtype::bf16}) {
+      const std::string dt(skewadam::dtype_name(dtype));
+      std::vector<Param> list;
+      for (int i = 0; i < 128; ++i) list.push_back({"e" + std::to_string(i), Kind::experts, Shape{512, 1024}, dtype});
+      const std::string list_name = "step/experts/" + dt + "/128tensors_512x1024";
+      if (wanted(list_name)) rows.push_back(time_steps<skewadam::SkewAdamTiers>(list_name, list, s, reps));
+      const std::string bank_name = "step/experts/" + dt + "/128x512x1024";
+      if (wanted(bank_name))
+        rows.push_back(time_steps<skewadam::SkewAdamTiers>(bank_name, {Param{"w", Kind::experts, Shape{128, 512, 1024}, dtype}},
+                                                           s, reps));
+    }
     for (Dtype dtype : {Dtype::f32, Dtype::bf16}) {
       const std::string dt(skewadam::dtype_name(dtype));
       if (wanted("model/skewadam/" + dt + "/paper53M"))
