@@ -102,9 +102,9 @@ SKEWADAM_ALWAYS_INLINE float reduce_add(const V& v) {
 /// lanes' random bits). The two rounding policies of the library are written
 /// out on integer lanes, bit for bit their scalar definitions
 /// (policies/stochastic_rounding.hpp, Eigen's round-to-nearest-even):
-///   stochastic: (b + bits) >> 16 (bits: 16 random bits); NaN and infinities as nearest
+///   stochastic: (b + bits) >> 16 (bits: 16 random bits)
 ///   nearest:    (b + 0x7fff + ((b >> 16) & 1)) >> 16
-///   NaN:        0x7fc0 with the sign of x (what Eigen's conversion stores)
+/// NaN and infinities, under both, are what round_nearest stores.
 template <class Rounding, class U, class F>
 SKEWADAM_ALWAYS_INLINE U bf16_lanes(const F& x, const std::uint32_t* words) {
   const U b = xsimd::bitwise_cast<U>(x);
@@ -117,18 +117,16 @@ SKEWADAM_ALWAYS_INLINE U bf16_lanes(const F& x, const std::uint32_t* words) {
   }
   const U exp_mask(0x7f800000u);
   if (xsimd::any((b & exp_mask) == exp_mask)) [[unlikely]] {
-    // Rare lanes, fixed one by one: xsimd's integer select on AVX-512BW does
-    // not compile where GCC's intrinsics are macros (builds without -O).
+    // Rare lanes, fixed one by one with the scalar conversion (xsimd's
+    // integer select on AVX-512BW does not compile where GCC's intrinsics
+    // are macros, in builds without -O).
     constexpr std::size_t n = U::size;
     alignas(64) std::uint32_t bits[n];
     alignas(64) std::uint32_t out[n];
     b.store_aligned(bits);
     r.store_aligned(out);
-    for (std::size_t k = 0; k < n; ++k) {
-      if ((bits[k] & 0x7f800000u) != 0x7f800000u) continue;
-      const std::uint32_t hi = bits[k] >> 16;
-      out[k] = (bits[k] & 0x007fffffu) != 0u ? (hi & 0x8000u) | 0x7fc0u : hi;
-    }
+    for (std::size_t k = 0; k < n; ++k)
+      if ((bits[k] & 0x7f800000u) == 0x7f800000u) out[k] = bits_of(round_nearest<bf16>(bits_float(bits[k])));
     r = U::load_aligned(out);
   }
   return r;
