@@ -37,6 +37,21 @@ struct RunResult {
   }
 };
 
+inline std::string fixed(double v, int precision) {
+  if (std::isnan(v)) return "-";
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(precision) << v;
+  return o.str();
+}
+
+inline std::string megabytes(double bytes) { return fixed(bytes / 1e6, bytes < 1e7 ? 3 : 1); }
+
+inline std::string lr_text(double lr) {
+  std::ostringstream o;
+  o << std::setprecision(3) << lr;
+  return o.str();
+}
+
 /// Mean and sample standard deviation (NaN for fewer than two values).
 struct Spread {
   double mean = std::nan(""), sd = std::nan("");
@@ -57,6 +72,11 @@ inline Spread spread(const std::vector<double>& x) {
   return s;
 }
 
+/// "mean ± sd", or the mean alone when there is no spread.
+inline std::string spread_text(const Spread& p) {
+  return fixed(p.mean, 3) + (std::isnan(p.sd) ? "" : " ± " + fixed(p.sd, 3));
+}
+
 /// The runs of one optimizer at one learning rate, over the seeds.
 struct Row {
   std::string optimizer;
@@ -71,6 +91,8 @@ struct Row {
     return spread(v);
   }
   std::string label() const { return display_names.at(optimizer) + (tuned ? ", tuned" : ""); }
+  /// label(), with the lr a tuned row was picked at
+  std::string label_with_lr() const { return label() + (tuned ? " (lr " + lr_text(lr) + ")" : ""); }
   long peak_rss_kib() const {
     long m = 0;
     for (const RunResult* r : runs) m = std::max(m, r->peak_rss_kib);
@@ -107,21 +129,6 @@ inline std::vector<Row> table_rows(const Settings& s, const std::vector<RunResul
   return rows;
 }
 
-inline std::string fixed(double v, int precision) {
-  if (std::isnan(v)) return "-";
-  std::ostringstream o;
-  o << std::fixed << std::setprecision(precision) << v;
-  return o.str();
-}
-
-inline std::string megabytes(double bytes) { return fixed(bytes / 1e6, bytes < 1e7 ? 3 : 1); }
-
-inline std::string lr_text(double lr) {
-  std::ostringstream o;
-  o << std::setprecision(3) << lr;
-  return o.str();
-}
-
 inline std::string table(const Settings& s, const std::vector<Row>& rows) {
   double adamw_bytes = std::nan("");
   for (const Row& r : rows)
@@ -135,10 +142,7 @@ inline std::string table(const Settings& s, const std::vector<Row>& rows) {
     << std::string(142, '-') << "\n";
   for (const Row& r : rows) {
     const double bytes = r.of("state_bytes").mean;
-    auto tier = [&](const char* key) {
-      const double b = r.of(key).mean;
-      return std::isnan(b) ? std::string("-") : megabytes(b);
-    };
+    auto tier = [&](const char* key) { return megabytes(r.of(key).mean); };  // "-" without one
     const Spread ppl = r.of("val_ppl");
     const double load = r.of("max_load").mean;
     t << std::left << std::setw(24) << r.label() << std::right << std::setw(8) << lr_text(r.lr) << std::setw(11)
@@ -177,8 +181,7 @@ inline std::string sweep_table(const Settings& s, const std::vector<RunResult>& 
     if (!tuned_baseline(o)) continue;
     t << std::left << std::setw(24) << display_names.at(o) << std::right;
     for (double f : s.tune_factors) {
-      const Spread p = row_of(results, o, f, s.lr).of("val_ppl");
-      t << std::setw(18) << (fixed(p.mean, 3) + (std::isnan(p.sd) ? "" : " ± " + fixed(p.sd, 3)));
+      t << std::setw(18) << spread_text(row_of(results, o, f, s.lr).of("val_ppl"));
     }
     t << "\n";
   }
@@ -211,11 +214,6 @@ inline Comparison compare(const Row& skew, const Row& other) {
   return c;
 }
 
-inline std::string ppl_text(const Row& r) {
-  const Spread p = r.of("val_ppl");
-  return fixed(p.mean, 3) + (std::isnan(p.sd) ? "" : " ± " + fixed(p.sd, 3));
-}
-
 /// What the run shows of the paper's two claims, from its own figures: tiers
 /// buy memory (SkewAdam's state against AdamW's), and momentum buys
 /// perplexity (SkewAdam, with momentum on the backbone only, against AdamW
@@ -243,22 +241,23 @@ inline std::string claims(const std::vector<Row>& rows) {
         << " % of the uniform ablation's (momentum on the experts too)";
     o << (memory ? "." : "; more than 5 %: this model's backbone is a larger share of it than the paper's.") << "\n";
   }
-  o << "Momentum buys perplexity: SkewAdam " << ppl_text(*skew) << " over " << skew->runs.size()
+  o << "Momentum buys perplexity: SkewAdam " << spread_text(skew->of("val_ppl")) << " over " << skew->runs.size()
     << (skew->runs.size() == 1 ? " seed" : " seeds") << "\n";
   std::vector<std::string> behind, level, unjudged;
   for (const std::string& base : {std::string("adamw"), std::string("adafactor")}) {
-    const Row* b = find(base, true) != nullptr ? find(base, true) : find(base, false);
+    const Row* b = find(base, true);
+    if (b == nullptr) b = find(base, false);
     if (b == nullptr) continue;
     const Comparison c = compare(*skew, *b);
-    const std::string name = b->label() + (b->tuned ? " (lr " + lr_text(b->lr) + ")" : "");
-    o << "  against " << name << ", " << ppl_text(*b) << ": " << c.text() << "\n";
+    const std::string name = b->label_with_lr();
+    o << "  against " << name << ", " << spread_text(b->of("val_ppl")) << ": " << c.text() << "\n";
     if (!c.known) unjudged.push_back(name);
     else if (!c.lower()) (c.higher() ? behind : level).push_back(name);
   }
   if (const Row* uni = find("uniform", false)) {
     const Comparison c = compare(*skew, *uni);
     o << "  against the uniform ablation (momentum on the experts too, "
-      << fixed(uni->of("state_bytes").mean / skew_bytes, 1) << "x SkewAdam's state), " << ppl_text(*uni) << ": "
+      << fixed(uni->of("state_bytes").mean / skew_bytes, 1) << "x SkewAdam's state), " << spread_text(uni->of("val_ppl")) << ": "
       << c.text()
       << (c.known && !c.lower() && !c.higher() ? ": the experts' momentum buys nothing here, as in the paper" : "")
       << "\n";
@@ -297,7 +296,6 @@ inline void write_curves_and_plot(const Settings& s, const std::vector<Row>& row
   const fs::path dir = fs::absolute(s.out);
   std::ofstream mean(dir / "curves_mean.csv");
   mean << "row,step,val_ppl_mean,val_ppl_sd,low,high\n";
-  std::vector<std::string> labels;
   for (std::size_t i = 0; i < rows.size(); ++i) {
     std::map<std::int64_t, std::vector<double>> at;  // step -> per seed
     for (const RunResult* r : rows[i].runs) {
@@ -321,7 +319,6 @@ inline void write_curves_and_plot(const Settings& s, const std::vector<Row>& row
       mean << i << "," << line.str();
       one << line.str();
     }
-    labels.push_back(rows[i].label() + (rows[i].tuned ? " (lr " + lr_text(rows[i].lr) + ")" : ""));
   }
   mean.close();
   std::ofstream gp(dir / "val_ppl.gp");
@@ -343,7 +340,7 @@ inline void write_curves_and_plot(const Settings& s, const std::vector<Row>& row
     const std::string lc = " lc rgb '" + colour.at(rows[i].optimizer) + "'";
     if (seeds > 1) gp << (i ? ", " : "") << file << " using 1:4:5 with filledcurves" << lc << " notitle";
     gp << (i || seeds > 1 ? ", " : "") << file << " using 1:2 with lines lw 2" << lc
-       << (rows[i].tuned ? " dt 2" : "") << " title '" << labels[i] << "'";
+       << (rows[i].tuned ? " dt 2" : "") << " title '" << rows[i].label_with_lr() << "'";
   }
   gp << "\n";
   gp.close();
