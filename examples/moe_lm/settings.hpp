@@ -64,7 +64,7 @@ inline void apply_preset(Settings& s, const std::string& name) {
   ModelConfig& m = s.model;
   // The defaults above: the paper's proportions at 5.0 M parameters, 94.8 %
   // of them in 16 wide experts (SkewAdam keeps 3.1 % of AdamW's state), each
-  // seeing about 256 tokens a step; about 9 minutes of training on 2 cores.
+  // seeing about 256 tokens a step; about 10 minutes of training on 2 cores.
   if (name == "small") return;
   if (name == "gpu") {
     // 79 M parameters, 96 % of them in the experts (the paper: 95 %); a few
@@ -233,8 +233,11 @@ inline bool parse(int argc, char** argv, Settings& s) {
     else if (a == "--tune") s.tune = true;
     else if (a == "--tune-factors") {
       s.tune_factors.clear();
-      for (const std::string& f : split_list(value(i, a)))
-        s.tune_factors.push_back(positive_number(f, "--tune-factors: '" + f + "'"));
+      for (const std::string& f : split_list(value(i, a))) {
+        const double x = positive_number(f, "--tune-factors: '" + f + "'");
+        if (std::find(s.tune_factors.begin(), s.tune_factors.end(), x) == s.tune_factors.end())
+          s.tune_factors.push_back(x);  // once each: a factor names its runs' files
+      }
       if (std::find(s.tune_factors.begin(), s.tune_factors.end(), 1.0) == s.tune_factors.end())
         s.tune_factors.insert(s.tune_factors.begin(), 1.0);  // the default lr is always one of them
     }

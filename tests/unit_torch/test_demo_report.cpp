@@ -120,4 +120,15 @@ TEST_CASE("demo report: the summary supports a half only when the run's figures 
   }
 }
 
+TEST_CASE("demo settings: --tune-factors takes each factor once, and always the default lr") {
+  moe_lm::Settings s;
+  const char* argv[] = {"moe_lm", "--tune-factors", "2,0.5,2"};
+  DOCTEST_REQUIRE(moe_lm::parse(3, const_cast<char**>(argv), s));
+  DOCTEST_CHECK(s.tune_factors == std::vector<double>{1.0, 2.0, 0.5});
+  moe_lm::Settings bad;
+  const char* zero[] = {"moe_lm", "--tune-factors", "1,0"};
+  DOCTEST_CHECK_THROWS_WITH_AS(moe_lm::parse(3, const_cast<char**>(zero), bad), doctest::Contains("--tune-factors: '0'"),
+                               std::invalid_argument);
+}
+
 }  // namespace test_demo_report
