@@ -1,0 +1,217 @@
+"""The update rule of one tensor, step by step (docs/spec.md §3 and §4).
+
+Written for reading, not for speed: every quantity is computed in float64
+from the fp32 coefficients of docs/spec.md §3.1, the optimizer state stays in
+float64 between steps, and the parameter is rounded to its dtype after every
+step (fp32 parameters to nearest; 16-bit ones as the case's rounding says,
+from the fp32 result of the step).
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import philox, rounding
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One tensor's rule: which first moment, which second moment, whether
+    the update is clipped by its RMS (docs/spec.md §1.1)."""
+
+    momentum: bool
+    second_moment: str  # "factored", "exact" or "adam"
+    clip: bool = True
+
+
+# The library's named rules (docs/spec.md §1.1).
+BACKBONE = Rule(True, "factored")
+EXPERTS = Rule(False, "factored")
+ROUTER = Rule(False, "exact")
+EXACT_MOMENTUM = Rule(True, "exact")
+ADAMW = Rule(True, "adam", clip=False)
+
+
+@dataclass
+class Hyper:
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip_threshold: float = 1.0
+    clip_scope: str = "tensor"  # or "matrix"
+
+
+@dataclass
+class Rounding:
+    """How a 16-bit parameter is stored (ignored for fp32 parameters)."""
+
+    mode: str = "stochastic"  # or "nearest"
+    seed: int = 0x5EED5EED
+    stream: int = 0  # the tensor stream: philox.fnv1a32(parameter name)
+
+
+def f32(x):
+    """x (a double) rounded to the nearest fp32, as a Python float."""
+    return float(np.float32(x))
+
+
+# The floor under the mean of a matrix's row statistics, an fp32 constant.
+ROW_MEAN_FLOOR = f32(1e-15)
+
+
+def power(base, t):
+    """base^t for an integer t >= 1 by repeated squaring, in double."""
+    result, b = 1.0, base
+    while t:
+        if t & 1:
+            result *= b
+        b *= b
+        t >>= 1
+    return result
+
+
+def step_scalars(h, t):
+    """The per-step coefficients: formed in double, rounded to fp32 once."""
+    bc1 = 1.0 - power(h.beta1, t)
+    bc2 = 1.0 - power(h.beta2, t)
+    return {
+        "lr": f32(h.lr),
+        "beta1": f32(h.beta1),
+        "one_minus_beta1": f32(1.0 - h.beta1),
+        "beta2": f32(h.beta2),
+        "one_minus_beta2": f32(1.0 - h.beta2),
+        "momentum_scale": f32(math.sqrt(bc2) / bc1),
+        "sqrt_bc2": f32(math.sqrt(bc2)),
+        "decay": f32(1.0 - h.lr * h.weight_decay),
+        "eps": f32(h.eps),
+        "eps_sqrt_bc2": f32(h.eps * math.sqrt(bc2)),
+        "clip_threshold": f32(h.clip_threshold),
+    }
+
+
+def matrices(shape):
+    """(B, r, c): a tensor as B matrices of its last two dimensions; a rank-1
+    tensor is one matrix of one row."""
+    if len(shape) == 1:
+        return 1, 1, shape[0]
+    return int(np.prod(shape[:-2], dtype=np.int64)), shape[-2], shape[-1]
+
+
+def factored(rule, shape):
+    return rule.second_moment == "factored" and len(shape) >= 2
+
+
+@dataclass
+class TensorState:
+    """A tensor's optimizer state (float64) and step count."""
+
+    step: int = 0
+    arrays: dict = field(default_factory=dict)  # m; v, or v_row and v_col
+    clipped_steps: int = 0  # steps on which the update clipping changed u
+
+    @staticmethod
+    def fresh(rule, shape):
+        b, r, c = matrices(shape)
+        arrays = {}
+        if rule.momentum:
+            arrays["m"] = np.zeros(shape)
+        if factored(rule, shape):
+            arrays["v_row"] = np.zeros((b, r))
+            arrays["v_col"] = np.zeros((b, c))
+        else:
+            arrays["v"] = np.zeros(shape)
+        return TensorState(0, arrays)
+
+
+def step(rule, h, state, param, grad, dtype="f32", store=Rounding()):
+    """One step of one tensor, in place on `state`; returns the new parameter.
+
+    param: the parameter's values (fp32 values exactly representable in
+    dtype); grad: the gradient's values (fp32). The result has the same
+    shape, as fp32 values of dtype.
+    """
+    state.step += 1
+    t = state.step
+    s = step_scalars(h, t)
+    shape = param.shape
+    b, r, c = matrices(shape)
+    g = np.asarray(grad, dtype=np.float64).reshape(b, r, c)
+    st = state.arrays
+
+    # Numerator (§3.2 step 4).
+    if rule.momentum:
+        m = s["beta1"] * st["m"].reshape(b, r, c) + s["one_minus_beta1"] * g
+        st["m"] = m.reshape(shape)
+        numerator = m * s["momentum_scale"]
+    else:
+        numerator = g * s["sqrt_bc2"]
+
+    # Second moment and denominator (§3.2 step 3).
+    if factored(rule, shape):
+        g2 = g * g
+        st["v_row"] = s["beta2"] * st["v_row"] + s["one_minus_beta2"] * g2.mean(axis=2)
+        st["v_col"] = s["beta2"] * st["v_col"] + s["one_minus_beta2"] * g2.mean(axis=1)
+        vbar = np.maximum(st["v_row"].mean(axis=1), ROW_MEAN_FLOOR)
+        row = np.sqrt(np.maximum(st["v_row"] / vbar[:, None], s["eps"]))
+        col = np.sqrt(np.maximum(st["v_col"], s["eps"]))
+        denominator = row[:, :, None] * col[:, None, :]
+    else:
+        v = s["beta2"] * st["v"].reshape(b, r, c) + s["one_minus_beta2"] * g * g
+        st["v"] = v.reshape(shape)
+        if rule.second_moment == "adam":
+            denominator = np.sqrt(v) + s["eps_sqrt_bc2"]
+        else:
+            denominator = np.sqrt(np.maximum(v, s["eps"]))
+
+    u = numerator / denominator  # §3.2 step 5
+
+    # Update clipping (§3.2 step 6): the divisor is an fp32 value.
+    if rule.clip:
+        axes = (0, 1, 2) if h.clip_scope == "tensor" else (1, 2)
+        rms = np.sqrt(np.mean(u * u, axis=axes, keepdims=True))
+        divisor = np.maximum(rms / s["clip_threshold"], 1.0).astype(np.float32).astype(np.float64)
+        state.clipped_steps += int(np.any(divisor > 1.0))
+        u = u / divisor
+
+    # Decoupled weight decay and the update, then one rounding (§3.2 steps 1 and 7, §4).
+    p = np.asarray(param, dtype=np.float64).reshape(b, r, c)
+    x = (p * s["decay"] - s["lr"] * u).reshape(shape).astype(np.float32)
+    return store_param(x, dtype, store, t)
+
+
+def store_param(x, dtype, store, t):
+    """The fp32 result x of step t stored as dtype (docs/spec.md §4.2)."""
+    if dtype == "f32":
+        return x
+    flat = x.reshape(-1)
+    if store.mode == "nearest":
+        bits = rounding.nearest(flat, dtype)
+    else:
+        bits = rounding.stochastic(flat, philox.rounding_bits(store.seed, store.stream, t, flat.size), dtype)
+    return rounding.to_f32(bits, dtype).reshape(x.shape)
+
+
+def run(rule, h, shape, param0, grads, lr_schedule, dtype="f32", store=Rounding()):
+    """Runs len(grads) steps from a fresh state. Returns (params after each
+    step, [steps, *shape] fp32; final state arrays, fp32, named as in a case
+    folder; the final TensorState)."""
+    state = TensorState.fresh(rule, tuple(shape))
+    p = np.asarray(param0, dtype=np.float32)
+    out = np.empty((len(grads),) + tuple(shape), dtype=np.float32)
+    for k, g in enumerate(grads):
+        hk = Hyper(**{**h.__dict__, "lr": lr_schedule[k]})
+        p = step(rule, hk, state, p, g, dtype, store)
+        out[k] = p
+    names = {"m": "exp_avg", "v": "v", "v_row": "v_row", "v_col": "v_col"}
+    b, r, c = matrices(tuple(shape))
+    final = {}
+    for key, a in state.arrays.items():
+        if key == "v_row":
+            a = a.reshape(tuple(shape[:-2]) + (r,))
+        elif key == "v_col":
+            a = a.reshape(tuple(shape[:-2]) + (c,))
+        final[names[key]] = a.astype(np.float32)
+    return out, final, state
