@@ -4,75 +4,76 @@
     check_golden.py CASE_DIR OUT_DIR     exit 0 if every array is within tolerance
     check_golden.py --self-test GOLDEN   checks that this checker rejects perturbed outputs
 
-Uses only NumPy and the golden README's rule:
-|got - expected| <= atol + rtol * |expected|, element-wise.
+Uses only NumPy and the checking rule of docs/conformance.md, as the
+reference implementation states it (reference/skewadam_reference/cases.py):
+|got - expected| <= atol + rtol |expected| element-wise; for a 16-bit
+parameter, every element within `ulps` values of its dtype and at most
+max_mismatch_fraction of the elements not identical.
 """
-import json
 import os
-import shutil
+import pathlib
 import sys
 import tempfile
 
 import numpy as np
 
-
-def expected_arrays(case_dir):
-    with open(os.path.join(case_dir, "case.json")) as f:
-        case = json.load(f)
-    arrays = {"params": (np.load(os.path.join(case_dir, "params.npy")), case["tolerance"])}
-    for name, tol in case.get("state_tolerance", {}).items():
-        path = os.path.join(case_dir, name + ".npy")
-        if os.path.exists(path):
-            arrays[name] = (np.load(path), tol)
-    return arrays
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "reference"))
+from skewadam_reference import cases, rounding  # noqa: E402
+from skewadam_reference.cases import Case, case_dirs, check_outputs, load_outputs  # noqa: E402
 
 
 def check(case_dir, out_dir, quiet=False):
-    ok = True
-    for name, (expected, tol) in expected_arrays(case_dir).items():
-        path = os.path.join(out_dir, name + ".npy")
-        if not os.path.exists(path):
-            print(f"{name}: missing from {out_dir}")
-            ok = False
-            continue
-        got = np.load(path)
-        if got.shape != expected.shape or got.dtype != np.float32:
-            print(f"{name}: shape {got.shape} {got.dtype}, expected {expected.shape} float32")
-            ok = False
-            continue
-        allowed = tol["atol"] + tol["rtol"] * np.abs(expected.astype(np.float64))
-        err = np.abs(got.astype(np.float64) - expected.astype(np.float64))
-        frac = np.where(np.isfinite(err), err / allowed, np.inf)
-        worst = float(frac.max()) if frac.size else 0.0
-        good = bool(np.all(frac <= 1.0))
-        if not quiet:
-            print(f"{name}: worst error {worst:.4f} of tolerance {'ok' if good else 'FAIL'}")
-        ok = ok and good
+    ok, messages = check_outputs(Case(case_dir), load_outputs(out_dir))
+    if not quiet:
+        print("\n".join(messages))
     return ok
 
 
+def perturbations(case):
+    """Outputs that must be rejected: the expected parameters with one value
+    moved out of its tolerance; for a 16-bit parameter, also with more
+    values than allowed moved by one value of the dtype."""
+    params = case.array("params")
+    flat = params.reshape(-1)
+    k = flat.size // 2
+    tol = case.tolerance
+    if "ulps" not in tol:
+        bad = flat.copy()
+        bad[k] += np.float32(2.5 * (tol["atol"] + tol["rtol"] * abs(float(bad[k]))))
+        yield "one value 2.5 tolerances off", bad.reshape(params.shape)
+        return
+    dtype = case.param_dtype
+    k = int(np.argmax(np.abs(flat)))  # at its element's largest magnitude: the spacing the rule uses there
+    far = flat.copy()
+    step = float(cases.spacing(abs(float(flat[k])), dtype))
+    far[k] -= np.float32(np.sign(flat[k]) * (tol["ulps"] + 1) * step)  # towards zero: still a value of dtype
+    yield f"one value {tol['ulps'] + 1:g} {dtype} spacings off", far.reshape(params.shape)
+    bits = rounding.nearest(flat, dtype)
+    many = bits.copy()
+    count = int(np.floor(tol["max_mismatch_fraction"] * flat.size)) + 1
+    idx = np.linspace(0, flat.size - 1, count).astype(np.int64)
+    many[idx] ^= np.uint16(1)  # the neighbouring value, on more elements than allowed
+    yield f"{count} values one {dtype} value off", rounding.to_f32(many, dtype).reshape(params.shape)
+
+
 def self_test(golden):
-    cases = sorted(d for d in os.listdir(golden) if os.path.exists(os.path.join(golden, d, "case.json")))
+    cases = case_dirs(golden)
     if not cases:
-        print("no cases found")
+        print(f"no case in {golden}")
         return False
-    for c in cases:
-        case_dir = os.path.join(golden, c)
+    for case_dir in cases:
+        case = Case(case_dir)
         with tempfile.TemporaryDirectory() as tmp:
-            for name, (expected, tol) in expected_arrays(case_dir).items():
+            for name, (expected, _) in case.expected().items():
                 np.save(os.path.join(tmp, name + ".npy"), expected)
             if not check(case_dir, tmp, quiet=True):
-                print(f"{c}: the expected values themselves were rejected")
+                print(f"{case.name}: the expected values themselves were rejected")
                 return False
-            params, tol = expected_arrays(case_dir)["params"]
-            bad = params.copy()
-            flat = bad.reshape(-1)
-            k = flat.size // 2
-            flat[k] += np.float32(2.5 * (tol["atol"] + tol["rtol"] * abs(float(flat[k]))))
-            np.save(os.path.join(tmp, "params.npy"), bad)
-            if check(case_dir, tmp, quiet=True):
-                print(f"{c}: a perturbed output was accepted")
-                return False
+            for what, bad in perturbations(case):
+                np.save(os.path.join(tmp, "params.npy"), bad)
+                if check(case_dir, tmp, quiet=True):
+                    print(f"{case.name}: a perturbed output ({what}) was accepted")
+                    return False
     print(f"checker self-test: {len(cases)} cases, perturbed outputs rejected")
     return True
 

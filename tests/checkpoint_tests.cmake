@@ -3,7 +3,8 @@
 #   checkpoint.resume.<case>   every golden case resumed at steps 0, 1, N/2,
 #                              N-1 and N, in one process (--resume-at) and in
 #                              two (--stop-after --save, --load): outputs equal
-#                              an uninterrupted run's bit for bit
+#                              an uninterrupted run's bit for bit (the external
+#                              folder's cases: checkpoint.resume-external.<case>)
 #   checkpoint.bad.<damage>    corrupt, truncated, wrong-version, foreign and
 #                              wrong-case checkpoints: skewadam-replay --load
 #                              exits with 1 or 2 and says why, never a signal
@@ -11,7 +12,7 @@
 #                              under each CPU kernel architecture level
 #                              (label "large": about 9 GB of memory)
 #
-# Golden cases are discovered by reading SKEWADAM_GOLDEN_DIR.
+# The golden cases are those of golden_cases.cmake.
 
 if(NOT TARGET doctest::doctest)
   find_package(doctest REQUIRED)
@@ -27,77 +28,72 @@ if(TARGET skewadam_warnings)
 endif()
 
 # ------------------------------------------------------------ golden cases
-file(GLOB _ckpt_entries LIST_DIRECTORIES true "${SKEWADAM_GOLDEN_DIR}/*")
-set(_ckpt_cases)
-foreach(_e IN LISTS _ckpt_entries)
-  if(IS_DIRECTORY "${_e}" AND EXISTS "${_e}/case.json")
-    list(APPEND _ckpt_cases "${_e}")
+foreach(_set IN LISTS SKEWADAM_GOLDEN_SETS)
+  set(_resume resume)
+  if(NOT _set STREQUAL "golden")
+    set(_resume resume-external)
   endif()
-endforeach()
-list(SORT _ckpt_cases)
-# a case folder added or removed re-runs the configuration
-set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${SKEWADAM_GOLDEN_DIR}")
-list(LENGTH _ckpt_cases _ckpt_count)
-if(_ckpt_count LESS 2)
-  message(WARNING "checkpoint tests need at least two golden cases in '${SKEWADAM_GOLDEN_DIR}' "
-                  "(found ${_ckpt_count}); resume and bad-checkpoint tests are not defined")
-endif()
-
-foreach(_case IN LISTS _ckpt_cases)
-  get_filename_component(_name "${_case}" NAME)
-  add_test(NAME checkpoint.resume.${_name}
-           COMMAND ${CMAKE_COMMAND} -DREPLAY=$<TARGET_FILE:skewadam-replay> -DCASE=${_case}
-                   -DWORK=${_ckpt_work}/resume/${_name} -P ${_ckpt_src}/resume_case.cmake)
-  set_tests_properties(checkpoint.resume.${_name} PROPERTIES LABELS checkpoint)
+  foreach(_case IN LISTS SKEWADAM_GOLDEN_CASES_${_set})
+    get_filename_component(_name "${_case}" NAME)
+    add_test(NAME checkpoint.${_resume}.${_name}
+             COMMAND ${CMAKE_COMMAND} -DREPLAY=$<TARGET_FILE:skewadam-replay> -DCASE=${_case}
+                     -DWORK=${_ckpt_work}/${_resume}/${_name} -P ${_ckpt_src}/resume_case.cmake)
+    set_tests_properties(checkpoint.${_resume}.${_name} PROPERTIES LABELS checkpoint)
+  endforeach()
 endforeach()
 
 # ---------------------------------------------------------- bad checkpoints
-if(_ckpt_count GREATER_EQUAL 2)
-  list(GET _ckpt_cases 0 _base_case)
-  list(GET _ckpt_cases 1 _other_case)
-  set(_base ${_ckpt_work}/bad/base.ckpt)
-  file(MAKE_DIRECTORY ${_ckpt_work}/bad)
-  add_test(NAME checkpoint.bad.setup
-           COMMAND skewadam-replay ${_base_case} --stop-after 1 --save ${_base})
-  set_tests_properties(checkpoint.bad.setup PROPERTIES FIXTURES_SETUP skewadam_bad_checkpoint LABELS checkpoint)
+# Damaged checkpoints of the backbone case (fp32, momentum + factored), and one
+# saved from another case.
+set(_base_case ${SKEWADAM_GOLDEN_DIR_golden}/backbone_2d)
+set(_other_case ${SKEWADAM_GOLDEN_DIR_golden}/bank3d_matrix_clip)
+foreach(_c IN ITEMS ${_base_case} ${_other_case})
+  if(NOT EXISTS ${_c}/case.json)
+    message(FATAL_ERROR "checkpoint tests: ${_c} is missing (reference/generate.py writes it)")
+  endif()
+endforeach()
+set(_base ${_ckpt_work}/bad/base.ckpt)
+file(MAKE_DIRECTORY ${_ckpt_work}/bad)
+add_test(NAME checkpoint.bad.setup
+         COMMAND skewadam-replay ${_base_case} --stop-after 1 --save ${_base})
+set_tests_properties(checkpoint.bad.setup PROPERTIES FIXTURES_SETUP skewadam_bad_checkpoint LABELS checkpoint)
 
-  # damage | what the message must say
-  set(_damages
-    "truncate:0|empty file, not a checkpoint"
-    "truncate:11|not a skewadam checkpoint"
-    "truncate:20|truncated inside the file header"
-    "truncate:50%|truncated: [0-9]+ bytes, the header says"
-    "truncate:-1|truncated: [0-9]+ bytes, the header says"
-    "flip:5|not a skewadam checkpoint \\(unknown signature\\)"
-    "flip:13|file header checksum mismatch"
-    "flip:40|checksum mismatch in the optimizer record"
-    "flip:50%|checksum mismatch in the .* record"
-    "flip:-2|checksum mismatch in the end record"
-    "version:2|checkpoint format version 2. this build reads version 1"
-    "version:0|checkpoint format version 0"
-    "append:1|1 byte after the end"
-    "random:4096|not a skewadam checkpoint"
-    "empty|empty file"
-    "text|not a skewadam checkpoint"
-    "npy|not a skewadam checkpoint"
-    "directory|is a directory"
-    "missing|no such file"
-    "other-case|saved from case")
-  foreach(_d IN LISTS _damages)
-    string(FIND "${_d}" "|" _bar)
-    string(SUBSTRING "${_d}" 0 ${_bar} _damage)
-    math(EXPR _bar "${_bar} + 1")
-    string(SUBSTRING "${_d}" ${_bar} -1 _expect)
-    string(MAKE_C_IDENTIFIER "${_damage}" _id)
-    add_test(NAME checkpoint.bad.${_id}
-             COMMAND ${CMAKE_COMMAND} -DREPLAY=$<TARGET_FILE:skewadam-replay>
-                     -DMANGLE=$<TARGET_FILE:skewadam-ckpt-mangle> -DCASE=${_base_case}
-                     -DOTHER_CASE=${_other_case} -DBASE=${_base} -DWORK=${_ckpt_work}/bad
-                     -DDAMAGE=${_damage} -DEXPECT=${_expect} -P ${_ckpt_src}/bad_checkpoint.cmake)
-    set_tests_properties(checkpoint.bad.${_id} PROPERTIES FIXTURES_REQUIRED skewadam_bad_checkpoint
-                         LABELS checkpoint)
-  endforeach()
-endif()
+# damage | what the message must say
+set(_damages
+  "truncate:0|empty file, not a checkpoint"
+  "truncate:11|not a skewadam checkpoint"
+  "truncate:20|truncated inside the file header"
+  "truncate:50%|truncated: [0-9]+ bytes, the header says"
+  "truncate:-1|truncated: [0-9]+ bytes, the header says"
+  "flip:5|not a skewadam checkpoint \\(unknown signature\\)"
+  "flip:13|file header checksum mismatch"
+  "flip:40|checksum mismatch in the optimizer record"
+  "flip:50%|checksum mismatch in the .* record"
+  "flip:-2|checksum mismatch in the end record"
+  "version:2|checkpoint format version 2. this build reads version 1"
+  "version:0|checkpoint format version 0"
+  "append:1|1 byte after the end"
+  "random:4096|not a skewadam checkpoint"
+  "empty|empty file"
+  "text|not a skewadam checkpoint"
+  "npy|not a skewadam checkpoint"
+  "directory|is a directory"
+  "missing|no such file"
+  "other-case|saved from case")
+foreach(_d IN LISTS _damages)
+  string(FIND "${_d}" "|" _bar)
+  string(SUBSTRING "${_d}" 0 ${_bar} _damage)
+  math(EXPR _bar "${_bar} + 1")
+  string(SUBSTRING "${_d}" ${_bar} -1 _expect)
+  string(MAKE_C_IDENTIFIER "${_damage}" _id)
+  add_test(NAME checkpoint.bad.${_id}
+           COMMAND ${CMAKE_COMMAND} -DREPLAY=$<TARGET_FILE:skewadam-replay>
+                   -DMANGLE=$<TARGET_FILE:skewadam-ckpt-mangle> -DCASE=${_base_case}
+                   -DOTHER_CASE=${_other_case} -DBASE=${_base} -DWORK=${_ckpt_work}/bad
+                   -DDAMAGE=${_damage} -DEXPECT=${_expect} -P ${_ckpt_src}/bad_checkpoint.cmake)
+  set_tests_properties(checkpoint.bad.${_id} PROPERTIES FIXTURES_REQUIRED skewadam_bad_checkpoint
+                       LABELS checkpoint)
+endforeach()
 
 # ------------------------------------------------------------- large tensor
 add_executable(skewadam-large-tests ${CMAKE_CURRENT_LIST_DIR}/large/test_huge_tensor.cpp)

@@ -8,7 +8,7 @@ add_executable(skewadam-cuda-emulation-tests emulation/test_cuda_kernels_emulate
 target_link_libraries(skewadam-cuda-emulation-tests PRIVATE skewadam::skewadam skewadam_tooling skewadam_warnings
                       doctest::doctest)
 target_include_directories(skewadam-cuda-emulation-tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/support)
-target_compile_definitions(skewadam-cuda-emulation-tests PRIVATE SKEWADAM_GOLDEN_DIR="${SKEWADAM_GOLDEN_DIR}")
+skewadam_golden_definitions(skewadam-cuda-emulation-tests)
 # The kernels run here as the GPU runs them, without contraction into fused
 # multiply-adds (CUDA: -fmad=false), so that the rounding test can hold the
 # emulated kernels to the CPU backend's bits, which it compiles the same way.
@@ -18,23 +18,27 @@ skewadam_unity_tests(skewadam-cuda-emulation-tests 2)
 set_source_files_properties(emulation/test_cuda_kernels_emulated.cpp PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
 doctest_discover_tests(skewadam-cuda-emulation-tests TEST_PREFIX "cuda-emulation/" PROPERTIES LABELS cuda-emulation)
 
-# Every golden case through skewadam-replay --backend cuda-emulated, and
-# resumed at several steps as the CPU's checkpoint.resume tests do.
-file(GLOB _emu_cases LIST_DIRECTORIES true CONFIGURE_DEPENDS ${SKEWADAM_GOLDEN_DIR}/*)
-foreach(_case IN LISTS _emu_cases)
-  if(NOT IS_DIRECTORY ${_case} OR NOT EXISTS ${_case}/case.json)
-    continue()
+# Every golden case (each set, golden_cases.cmake) through skewadam-replay
+# --backend cuda-emulated, and resumed at several steps as the CPU's
+# checkpoint.resume tests do.
+foreach(_set IN LISTS SKEWADAM_GOLDEN_SETS)
+  set(_resume resume)
+  if(NOT _set STREQUAL "golden")
+    set(_resume resume-external)
   endif()
-  get_filename_component(_name ${_case} NAME)
-  set(_out ${CMAKE_CURRENT_BINARY_DIR}/golden-out/${_name}-cuda-emulated)
-  add_test(NAME golden/${_name}/cuda-emulated COMMAND skewadam-replay ${_case} --backend cuda-emulated --out ${_out})
-  add_test(NAME golden/${_name}/cuda-emulated/independent-check
-           COMMAND ${SKEWADAM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/check_golden.py ${_case} ${_out})
-  set_tests_properties(golden/${_name}/cuda-emulated/independent-check PROPERTIES
-                       DEPENDS golden/${_name}/cuda-emulated)
-  add_test(NAME cuda-emulation/resume.${_name}
-           COMMAND ${CMAKE_COMMAND} -DREPLAY=$<TARGET_FILE:skewadam-replay> -DCASE=${_case} -DBACKEND=cuda-emulated
-                   -DWORK=${CMAKE_CURRENT_BINARY_DIR}/cuda-emulated-resume/${_name}
-                   -P ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/resume_case.cmake)
-  set_tests_properties(golden/${_name}/cuda-emulated cuda-emulation/resume.${_name} PROPERTIES LABELS cuda-emulation)
+  foreach(_case IN LISTS SKEWADAM_GOLDEN_CASES_${_set})
+    get_filename_component(_name ${_case} NAME)
+    set(_out ${CMAKE_CURRENT_BINARY_DIR}/golden-out/${_set}/${_name}-cuda-emulated)
+    add_test(NAME ${_set}/${_name}/cuda-emulated COMMAND skewadam-replay ${_case} --backend cuda-emulated --out ${_out})
+    add_test(NAME ${_set}/${_name}/cuda-emulated/independent-check
+             COMMAND ${SKEWADAM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/check_golden.py ${_case} ${_out})
+    set_tests_properties(${_set}/${_name}/cuda-emulated/independent-check PROPERTIES
+                         DEPENDS ${_set}/${_name}/cuda-emulated)
+    add_test(NAME cuda-emulation/${_resume}.${_name}
+             COMMAND ${CMAKE_COMMAND} -DREPLAY=$<TARGET_FILE:skewadam-replay> -DCASE=${_case} -DBACKEND=cuda-emulated
+                     -DWORK=${CMAKE_CURRENT_BINARY_DIR}/cuda-emulated-resume/${_set}/${_name}
+                     -P ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/resume_case.cmake)
+    set_tests_properties(${_set}/${_name}/cuda-emulated cuda-emulation/${_resume}.${_name} PROPERTIES
+                         LABELS cuda-emulation)
+  endforeach()
 endforeach()

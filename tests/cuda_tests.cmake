@@ -3,7 +3,7 @@
 add_executable(skewadam-cuda-tests cuda/test_cuda.cpp)
 target_link_libraries(skewadam-cuda-tests PRIVATE skewadam_cuda_runner skewadam_tooling skewadam_warnings
                       doctest::doctest)
-target_compile_definitions(skewadam-cuda-tests PRIVATE SKEWADAM_GOLDEN_DIR="${SKEWADAM_GOLDEN_DIR}")
+skewadam_golden_definitions(skewadam-cuda-tests)
 # The CPU side of the bf16 parity test must round like the CUDA code, which
 # is compiled without contraction (-fmad=false).
 target_compile_options(skewadam-cuda-tests PRIVATE $<$<CXX_COMPILER_ID:GNU,Clang>:-ffp-contract=off>)
@@ -22,23 +22,21 @@ foreach(_tc IN ITEMS
   set_tests_properties(cuda/${_id} PROPERTIES SKIP_RETURN_CODE 77 LABELS cuda RESOURCE_LOCK gpu)
 endforeach()
 
-# Every golden case through skewadam-replay --backend cuda.
-file(GLOB _cuda_golden_cases LIST_DIRECTORIES true CONFIGURE_DEPENDS ${SKEWADAM_GOLDEN_DIR}/*)
-foreach(_case IN LISTS _cuda_golden_cases)
-  if(NOT IS_DIRECTORY ${_case} OR NOT EXISTS ${_case}/case.json)
-    continue()
-  endif()
-  get_filename_component(_name ${_case} NAME)
-  set(_out ${CMAKE_CURRENT_BINARY_DIR}/golden-out/${_name}-cuda)
-  add_test(NAME golden/${_name}/cuda COMMAND skewadam-replay ${_case} --backend cuda --out ${_out})
-  set_tests_properties(golden/${_name}/cuda PROPERTIES SKIP_RETURN_CODE 77 LABELS cuda RESOURCE_LOCK gpu)
+# Every golden case (each set) through skewadam-replay --backend cuda.
+foreach(_set IN LISTS SKEWADAM_GOLDEN_SETS)
+  foreach(_case IN LISTS SKEWADAM_GOLDEN_CASES_${_set})
+    get_filename_component(_name ${_case} NAME)
+    set(_out ${CMAKE_CURRENT_BINARY_DIR}/golden-out/${_set}/${_name}-cuda)
+    add_test(NAME ${_set}/${_name}/cuda COMMAND skewadam-replay ${_case} --backend cuda --out ${_out})
+    set_tests_properties(${_set}/${_name}/cuda PROPERTIES SKIP_RETURN_CODE 77 LABELS cuda RESOURCE_LOCK gpu)
+  endforeach()
 endforeach()
 
 # The optimizer front-end over the CUDA backend and runtime (skewadam/cuda.cuh).
 add_executable(skewadam-cuda-engine-tests cuda/test_cuda_engine.cu)
 target_link_libraries(skewadam-cuda-engine-tests PRIVATE skewadam::cuda skewadam_tooling doctest::doctest)
 target_include_directories(skewadam-cuda-engine-tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/support)
-target_compile_definitions(skewadam-cuda-engine-tests PRIVATE SKEWADAM_GOLDEN_DIR="${SKEWADAM_GOLDEN_DIR}")
+skewadam_golden_definitions(skewadam-cuda-engine-tests)
 add_test(NAME cuda/front-end COMMAND skewadam-cuda-engine-tests)
 set_tests_properties(cuda/front-end PROPERTIES SKIP_RETURN_CODE 77 LABELS cuda RESOURCE_LOCK gpu)
 

@@ -1,5 +1,6 @@
 # Sharded optimizer over MPI (SKEWADAM_WITH_MPI): every golden case at 1, 2, 3
-# and 4 ranks, checked by skewadam-replay and by the independent checker;
+# and 4 ranks, checked by skewadam-replay and by the independent checker
+# (and at 2 and 3 ranks on the CUDA backend emulated on the host);
 # expert banks sharded by rows too; checkpoints saved with 2 ranks resumed
 # with 3 and in one process; the sharded optimizer against the single-process
 # one on a mixed model.
@@ -28,50 +29,41 @@ function(skewadam_add_mpi_test name ranks)
   set_tests_properties(${name} PROPERTIES PROCESSORS ${_procs} TIMEOUT 120 LABELS mpi ENVIRONMENT "${_mpi_env}")
 endfunction()
 
-foreach(_case IN LISTS _golden_cases)
-  if(NOT IS_DIRECTORY ${_case} OR NOT EXISTS ${_case}/case.json)
-    continue()
-  endif()
-  get_filename_component(_name ${_case} NAME)
-  foreach(_ranks 1 2 3 4)
-    set(_out ${CMAKE_CURRENT_BINARY_DIR}/golden-mpi-out/${_name}-n${_ranks})
-    skewadam_add_mpi_test(golden-mpi/${_name}/ranks-${_ranks} ${_ranks}
-                          $<TARGET_FILE:skewadam-replay> ${_case} --shard --out ${_out})
-    add_test(NAME golden-mpi/${_name}/ranks-${_ranks}/independent-check
-             COMMAND ${SKEWADAM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/check_golden.py ${_case} ${_out})
-    set_tests_properties(golden-mpi/${_name}/ranks-${_ranks}/independent-check PROPERTIES
-                         DEPENDS golden-mpi/${_name}/ranks-${_ranks} LABELS mpi)
+# Each set's cases (golden_cases.cmake): golden-mpi/<case>/..., and
+# golden-external-mpi/<case>/... for the external folder's.
+foreach(_set IN LISTS SKEWADAM_GOLDEN_SETS)
+  foreach(_case IN LISTS SKEWADAM_GOLDEN_CASES_${_set})
+    get_filename_component(_name ${_case} NAME)
+    foreach(_ranks 1 2 3 4)
+      set(_out ${CMAKE_CURRENT_BINARY_DIR}/golden-mpi-out/${_set}/${_name}-n${_ranks})
+      skewadam_add_mpi_test(${_set}-mpi/${_name}/ranks-${_ranks} ${_ranks}
+                            $<TARGET_FILE:skewadam-replay> ${_case} --shard --out ${_out})
+      add_test(NAME ${_set}-mpi/${_name}/ranks-${_ranks}/independent-check
+               COMMAND ${SKEWADAM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/check_golden.py ${_case} ${_out})
+      set_tests_properties(${_set}-mpi/${_name}/ranks-${_ranks}/independent-check PROPERTIES
+                           DEPENDS ${_set}-mpi/${_name}/ranks-${_ranks} LABELS mpi)
+    endforeach()
+    # The sharded placement over the CUDA backend (placement/sharded_cuda.hpp),
+    # its kernels emulated on the host: at 2 and 3 ranks (rows cut between
+    # ranks; whole experts).
+    foreach(_ranks 2 3)
+      skewadam_add_mpi_test(${_set}-mpi/${_name}/ranks-${_ranks}/cuda-emulated ${_ranks}
+                            $<TARGET_FILE:skewadam-replay> ${_case} --shard --backend cuda-emulated)
+    endforeach()
   endforeach()
 endforeach()
 
-# Expert banks [E, r, c] sharded by rows instead of whole experts.
-foreach(_name IN ITEMS bank3d_tensor_clip bank3d_matrix_clip uniform_3d)
-  if(EXISTS ${SKEWADAM_GOLDEN_DIR}/${_name}/case.json)
-    skewadam_add_mpi_test(golden-mpi/${_name}/ranks-3/expert-rows 3
-                          $<TARGET_FILE:skewadam-replay> ${SKEWADAM_GOLDEN_DIR}/${_name} --shard --expert-rows)
-  endif()
+# Expert banks [E, r, c] of the project's cases sharded by rows instead of
+# whole experts, on the CPU and on the emulated CUDA backend.
+set(_golden ${SKEWADAM_GOLDEN_DIR_golden})
+foreach(_name IN ITEMS bank3d_tensor_clip bank3d_matrix_clip uniform_3d bf16_experts_bank)
+  skewadam_add_mpi_test(golden-mpi/${_name}/ranks-3/expert-rows 3
+                        $<TARGET_FILE:skewadam-replay> ${_golden}/${_name} --shard --expert-rows)
 endforeach()
-
-# The sharded placement over the CUDA backend (placement/sharded_cuda.hpp),
-# its kernels emulated on the host: every golden case at 2 and 3 ranks (rows
-# cut between ranks; whole experts), expert banks by rows, and a checkpoint
-# saved by 2 ranks resumed by 3.
-foreach(_case IN LISTS _golden_cases)
-  if(NOT IS_DIRECTORY ${_case} OR NOT EXISTS ${_case}/case.json)
-    continue()
-  endif()
-  get_filename_component(_name ${_case} NAME)
-  foreach(_ranks 2 3)
-    skewadam_add_mpi_test(golden-mpi/${_name}/ranks-${_ranks}/cuda-emulated ${_ranks}
-                          $<TARGET_FILE:skewadam-replay> ${_case} --shard --backend cuda-emulated)
-  endforeach()
-endforeach()
-foreach(_name IN ITEMS bank3d_tensor_clip uniform_3d)
-  if(EXISTS ${SKEWADAM_GOLDEN_DIR}/${_name}/case.json)
-    skewadam_add_mpi_test(golden-mpi/${_name}/ranks-3/expert-rows/cuda-emulated 3
-                          $<TARGET_FILE:skewadam-replay> ${SKEWADAM_GOLDEN_DIR}/${_name} --shard --expert-rows
-                          --backend cuda-emulated)
-  endif()
+foreach(_name IN ITEMS bank3d_tensor_clip uniform_3d bf16_experts_bank)
+  skewadam_add_mpi_test(golden-mpi/${_name}/ranks-3/expert-rows/cuda-emulated 3
+                        $<TARGET_FILE:skewadam-replay> ${_golden}/${_name} --shard --expert-rows
+                        --backend cuda-emulated)
 endforeach()
 
 # Checkpoints: saved by 2 ranks after step 12, resumed by 3 ranks (and, for a
@@ -79,11 +71,8 @@ endforeach()
 # golden ones.
 set(_ckpt_dir ${CMAKE_CURRENT_BINARY_DIR}/mpi-checkpoints)
 file(MAKE_DIRECTORY ${_ckpt_dir})
-foreach(_name IN ITEMS backbone_2d bank3d_tensor_clip router_2d)
-  if(NOT EXISTS ${SKEWADAM_GOLDEN_DIR}/${_name}/case.json)
-    continue()
-  endif()
-  set(_case ${SKEWADAM_GOLDEN_DIR}/${_name})
+foreach(_name IN ITEMS backbone_2d bank3d_tensor_clip router_2d bf16_backbone_2d)
+  set(_case ${_golden}/${_name})
   set(_file ${_ckpt_dir}/${_name}-n2.ckpt)
   skewadam_add_mpi_test(checkpoint-mpi/${_name}/save-2-ranks 2
                         $<TARGET_FILE:skewadam-replay> ${_case} --shard --stop-after 12 --save ${_file})

@@ -1,7 +1,8 @@
 # The Python package (python/, SKEWADAM_WITH_PYTHON): installed into a venv
 # of the build folder by the README's command, whenever its sources or the
 # library's headers change, and its pytest suite run by ctest: every golden
-# case bit for bit against skewadam-replay, then the optimizer's behaviour.
+# case (tests/golden, and SKEWADAM_GOLDEN_DIR's when given) bit for bit
+# against skewadam-replay, then the optimizer's behaviour.
 set(SKEWADAM_PYTHON_VENV ${CMAKE_BINARY_DIR}/python-venv)
 file(GLOB_RECURSE _py_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/python/src/*
      ${PROJECT_SOURCE_DIR}/python/skewadam/*.py ${PROJECT_SOURCE_DIR}/include/skewadam/*)
@@ -20,6 +21,11 @@ foreach(_suite IN ITEMS golden optimizer)
   add_test(NAME python/${_suite}
            COMMAND ${SKEWADAM_PYTHON_VENV}/bin/python -m pytest -q -p no:cacheprovider
                    ${PROJECT_SOURCE_DIR}/python/tests/test_${_suite}.py)
-  set_tests_properties(python/${_suite} PROPERTIES LABELS python ENVIRONMENT
-                       "SKEWADAM_REPLAY=$<TARGET_FILE:skewadam-replay>;SKEWADAM_GOLDEN_DIR=${SKEWADAM_GOLDEN_DIR}")
+  set(_env "SKEWADAM_REPLAY=$<TARGET_FILE:skewadam-replay>")
+  if("golden-external" IN_LIST SKEWADAM_GOLDEN_SETS)
+    list(APPEND _env "SKEWADAM_GOLDEN_DIR=${SKEWADAM_GOLDEN_DIR_golden-external}")
+  else()
+    list(APPEND _env "SKEWADAM_GOLDEN_DIR=")  # this build's setting, not the caller's environment
+  endif()
+  set_tests_properties(python/${_suite} PROPERTIES LABELS python ENVIRONMENT "${_env}")
 endforeach()

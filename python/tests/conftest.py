@@ -2,8 +2,10 @@
 
 The tests run on the CPU, and again on a CUDA device when torch has one and
 this build of the package holds the CUDA engines (the `device` fixture).
-SKEWADAM_REPLAY names the skewadam-replay binary and SKEWADAM_GOLDEN_DIR the
-golden cases (the CMake build sets both when ctest runs these tests).
+SKEWADAM_REPLAY names the skewadam-replay binary. The golden cases are the
+project's (tests/golden) and, when SKEWADAM_GOLDEN_DIR names a folder, that
+folder's in addition (the CMake build sets both variables when ctest runs
+these tests).
 """
 
 import os
@@ -30,14 +32,6 @@ def device(request):
 
 
 @pytest.fixture(scope="session")
-def golden_dir():
-    d = pathlib.Path(os.environ.get("SKEWADAM_GOLDEN_DIR", ROOT.parent / "shared" / "golden"))
-    if not d.is_dir():
-        pytest.fail(f"golden cases not found at {d} (set SKEWADAM_GOLDEN_DIR)")
-    return d
-
-
-@pytest.fixture(scope="session")
 def replay():
     path = os.environ.get("SKEWADAM_REPLAY")
     if not path:
@@ -47,6 +41,24 @@ def replay():
     return path
 
 
+GOLDEN_DIR = ROOT / "tests" / "golden"
+
+
+def external_golden_dir():
+    """The folder SKEWADAM_GOLDEN_DIR names, or None."""
+    value = os.environ.get("SKEWADAM_GOLDEN_DIR", "")
+    return pathlib.Path(value) if value else None
+
+
+def case_dirs(folder):
+    return sorted(p for p in folder.iterdir() if (p / "case.json").is_file()) if folder.is_dir() else []
+
+
 def golden_cases():
-    d = pathlib.Path(os.environ.get("SKEWADAM_GOLDEN_DIR", ROOT.parent / "shared" / "golden"))
-    return sorted(p.name for p in d.iterdir() if (p / "case.json").is_file()) if d.is_dir() else []
+    """pytest parameters of every case: the project's (id golden/<case>),
+    then the external folder's (golden-external/<case>)."""
+    out = [pytest.param(d, id=f"golden/{d.name}") for d in case_dirs(GOLDEN_DIR)]
+    external = external_golden_dir()
+    if external is not None:
+        out += [pytest.param(d, id=f"golden-external/{d.name}") for d in case_dirs(external)]
+    return out

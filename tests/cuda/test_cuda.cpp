@@ -111,7 +111,7 @@ const gpu::RuleKind all_rules[] = {gpu::RuleKind::backbone, gpu::RuleKind::exper
 
 TEST_CASE("golden cases pass on the GPU") {
   const auto cases = golden_cases();
-  INFO("golden folder: ", golden_dir().string(), " (SKEWADAM_GOLDEN_DIR)");
+  INFO("golden folder: ", golden_dir().string());
   REQUIRE_MESSAGE(!cases.empty(), "no golden cases found");
   for (const fs::path& dir : cases) {
     const auto c = skewadam::tools::load_golden_case(dir);
@@ -122,6 +122,7 @@ TEST_CASE("golden cases pass on the GPU") {
       for (const auto& check : skewadam::tools::check_golden_case(c, run)) {
         CAPTURE(check.array);
         CAPTURE(check.worst);
+        CAPTURE(check.detail);
         CHECK(check.problem.empty());
         CHECK(check.ok);
       }

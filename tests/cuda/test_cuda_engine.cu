@@ -57,27 +57,36 @@ TEST_CASE("front-end on the GPU: every golden case") {
     INFO("case ", dir.string());
     const tools::GoldenCase c = tools::load_golden_case(dir);
     tools::CaseRun run = tools::with_case_rule(c, [&]<class Rule>() {
-      GpuOptimizer<TierRules<Rule, Rule, Rule>> opt(c.hyper);
-      const Shape shape(c.shape.begin(), static_cast<index_t>(c.shape.size()), "case shape");
+      GpuOptimizer<TierRules<Rule, Rule, Rule>> opt(c.hyper, c.options());
+      const Shape shape = c.tensor_shape();
       const index_t n = shape.numel();
-      DeviceFloats p(c.param0.data);
-      DeviceFloats g(std::vector<float>(static_cast<std::size_t>(n)));
-      const ParamId id = opt.add(c.name.empty() ? "param" : c.name, Tier::backbone, TensorView<float>(p.d.data(), shape));
+      tools::TypedValues host = c.initial_param();  // the parameter's values, read back after every step
+      const tools::TypedValues grads = c.typed_grads();
+      const auto param_bytes = static_cast<std::size_t>(n * dtype_size(c.param_dtype));
+      const auto grad_bytes = static_cast<std::size_t>(n * dtype_size(c.grad_dtype));
+      cu::DeviceBuffer<std::uint8_t> p(param_bytes), g(grad_bytes);
+      cu::check(cudaMemcpy(p.data(), host.data(), param_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+      ParamView param = host.param_view(0, shape);  // the same dtype and shape, in device memory
+      param.data = p.data();
+      GradView grad = grads.grad_view(0, shape);
+      grad.data = g.data();
+      const ParamId id = opt.add(c.param_name, Tier::backbone, param);
       tools::CaseRun r;
+      r.params.resize(static_cast<std::size_t>(c.steps * n));
       for (std::int64_t t = 0; t < c.steps; ++t) {
-        g.put(std::vector<float>(c.grads.data.begin() + t * n, c.grads.data.begin() + (t + 1) * n));
-        opt.set_grad(id, TensorView<const float>(g.d.data(), shape));
+        cu::check(cudaMemcpy(g.data(), grads.data(t * n), grad_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+        opt.set_grad(id, grad);
         opt.set_lr(c.lr_schedule[static_cast<std::size_t>(t)]);
         opt.step();
         CHECK(opt.last_step().applied);
-        const std::vector<float> now = p.get();
-        r.params.insert(r.params.end(), now.begin(), now.end());
+        cu::check(cudaMemcpy(host.data(), p.data(), param_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+        host.widen(0, n, r.params.data() + t * n);
       }
       tools::collect_state(opt, id, r);
       return r;
     });
     for (const tools::ArrayCheck& a : tools::check_golden_case(c, run)) {
-      INFO(a.array, ": worst error ", a.worst, " of the tolerance ", a.problem);
+      INFO(a.array, ": worst error ", a.worst, " of the tolerance ", a.problem, a.detail);
       CHECK(a.ok);
     }
   }

@@ -179,22 +179,34 @@ std::filesystem::path scratch_file(const std::string& name) {
 // beside other tests' sources).
 namespace skewadam::contract {
 
-TEST_CASE_TEMPLATE("contract: every golden case", Config, SKEWADAM_CONTRACT_CONFIGURATIONS) {
+template <class Config>
+void every_golden_case(const std::vector<std::filesystem::path>& cases) {
   INFO("configuration: ", Config::name);
-  const auto cases = skewadam::test::golden_cases();
   REQUIRE(!cases.empty());
   for (const auto& dir : cases) {
     INFO("case ", dir.string());
     const tools::GoldenCase c = tools::load_golden_case(dir);
-    const tools::CaseRun run = tools::run_golden_case_on(c, []<class Tiers>(const Hyperparameters& h) {
-      return Config::template make<Tiers>(PerTier<Hyperparameters>{h, h, h}, OptimizerOptions{.threads = 2});
-    });
+    const tools::CaseRun run =
+        tools::run_golden_case_on(c, []<class Tiers>(const Hyperparameters& h, OptimizerOptions o) {
+          o.threads = 2;
+          return Config::template make<Tiers>(PerTier<Hyperparameters>{h, h, h}, o);
+        });
     for (const tools::ArrayCheck& a : tools::check_golden_case(c, run)) {
-      INFO(a.array, ": worst error ", a.worst, " of the tolerance ", a.problem);
+      INFO(a.array, ": worst error ", a.worst, " of the tolerance ", a.problem, a.detail);
       CHECK(a.ok);
     }
   }
 }
+
+TEST_CASE_TEMPLATE("contract: every golden case", Config, SKEWADAM_CONTRACT_CONFIGURATIONS) {
+  every_golden_case<Config>(skewadam::test::golden_cases());
+}
+
+#if defined(SKEWADAM_GOLDEN_EXTERNAL_DIR)
+TEST_CASE_TEMPLATE("contract: every golden-external case", Config, SKEWADAM_CONTRACT_CONFIGURATIONS) {
+  every_golden_case<Config>(skewadam::test::external_golden_cases());
+}
+#endif
 
 TEST_CASE_TEMPLATE("contract: the local CPU configuration's bits", Config, SKEWADAM_CONTRACT_CONFIGURATIONS) {
   INFO("configuration: ", Config::name);

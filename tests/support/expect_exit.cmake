@@ -1,5 +1,5 @@
 # Runs TOOL CASE and checks that it exits with EXPECT_RC (not by a signal)
-# and prints a message naming the case.
+# and prints a message naming the case (and matching EXPECT_MESSAGE, when given).
 execute_process(COMMAND ${TOOL} ${CASE} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 message(STATUS "exit: ${rc}\nstdout: ${out}\nstderr: ${err}")
 if(NOT rc STREQUAL "${EXPECT_RC}")
@@ -8,4 +8,7 @@ endif()
 get_filename_component(_name ${CASE} NAME)
 if(NOT err MATCHES "${_name}")
   message(FATAL_ERROR "the error message does not name the case")
+endif()
+if(DEFINED EXPECT_MESSAGE AND NOT err MATCHES "${EXPECT_MESSAGE}")
+  message(FATAL_ERROR "the error message does not say '${EXPECT_MESSAGE}'")
 endif()

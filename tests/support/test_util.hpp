@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,26 +17,6 @@ inline std::vector<float> random_vector(std::int64_t n, std::uint32_t seed, floa
   std::vector<float> v(static_cast<std::size_t>(n));
   for (auto& x : v) x = dist(gen);
   return v;
-}
-
-/// The golden folder: SKEWADAM_GOLDEN_DIR from CMake, or the environment.
-inline std::filesystem::path golden_dir() {
-  if (const char* env = std::getenv("SKEWADAM_GOLDEN_DIR")) return env;
-#ifdef SKEWADAM_GOLDEN_DIR
-  return SKEWADAM_GOLDEN_DIR;
-#else
-  return "../shared/golden";
-#endif
-}
-
-inline std::vector<std::filesystem::path> golden_cases() {
-  std::vector<std::filesystem::path> out;
-  const auto dir = golden_dir();
-  if (!std::filesystem::is_directory(dir)) return out;
-  for (const auto& e : std::filesystem::directory_iterator(dir))
-    if (e.is_directory() && std::filesystem::exists(e.path() / "case.json")) out.push_back(e.path());
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 /// Largest |a - b| / (atol + rtol |b|).

@@ -2,8 +2,8 @@
 // the scalar fallback (CpuBackend<ScalarArch>) and each SIMD architecture
 // this translation unit is compiled for, at 1 and 2 threads.
 //
-// The cases are read at run time from SKEWADAM_GOLDEN_DIR (a compile
-// definition; the environment variable of the same name is the fallback).
+// The cases are read at run time from tests/golden and, when the build was
+// configured with one, from the external folder (support/golden_dirs.hpp).
 
 #include <doctest/doctest.h>
 
@@ -31,10 +31,10 @@ using skewadam::test::golden_dir;
 
 }  // namespace
 
-TEST_CASE_TEMPLATE_DEFINE("golden cases pass on every CPU code path", Arch, golden_every_arch) {
+template <class Arch>
+void check_every_case(const std::vector<fs::path>& cases, const fs::path& folder) {
   using Backend = skewadam::backend::CpuBackend<Arch>;
-  const auto cases = golden_cases();
-  INFO("golden folder: ", golden_dir().string(), " (SKEWADAM_GOLDEN_DIR)");
+  INFO("golden folder: ", folder.string());
   REQUIRE_MESSAGE(!cases.empty(), "no golden cases found");
   for (const fs::path& dir : cases) {
     const auto c = skewadam::tools::load_golden_case(dir);
@@ -46,12 +46,24 @@ TEST_CASE_TEMPLATE_DEFINE("golden cases pass on every CPU code path", Arch, gold
       for (const auto& check : skewadam::tools::check_golden_case(c, run)) {
         CAPTURE(check.array);
         CAPTURE(check.worst);
+        CAPTURE(check.detail);
         CHECK(check.problem.empty());
         CHECK(check.ok);
       }
     }
   }
 }
+
+TEST_CASE_TEMPLATE_DEFINE("golden: every case passes on every CPU code path", Arch, golden_every_arch) {
+  check_every_case<Arch>(golden_cases(), golden_dir());
+}
 TEST_CASE_TEMPLATE_APPLY(golden_every_arch, skewadam::test::CpuArchs);
+
+#if defined(SKEWADAM_GOLDEN_EXTERNAL_DIR)
+TEST_CASE_TEMPLATE_DEFINE("golden-external: every case passes on every CPU code path", Arch, external_every_arch) {
+  check_every_case<Arch>(skewadam::test::external_golden_cases(), skewadam::test::external_golden_dir());
+}
+TEST_CASE_TEMPLATE_APPLY(external_every_arch, skewadam::test::CpuArchs);
+#endif
 
 }  // namespace test_cpu_arch_conformance

@@ -1,30 +1,34 @@
-// Every golden case in the folder (read at run time), through the rule its
-// flags name, on the default SIMD backend and the scalar backend, at 1, 2 and
-// 3 threads; thread counts must give identical bits.
+// Every golden case (the project's, tests/golden, and those of an external
+// folder when the build was configured with one; support/golden_dirs.hpp)
+// through the rule it names, on the default SIMD backend and the scalar
+// backend, at 1, 2 and 3 threads; thread counts must give identical bits.
 
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <string>
+#include <vector>
+
 #include <skewadam_tools/golden_case.hpp>
 
-#include "test_util.hpp"
+#include "golden_dirs.hpp"
 
 namespace test_golden {
 
 using namespace skewadam;
 using namespace skewadam::tools;
+namespace fs = std::filesystem;
 
-TEST_CASE("golden folder holds cases") {
-  INFO("golden folder: " << testutil::golden_dir());
-  CHECK(testutil::golden_cases().size() >= 1);
-}
-
-TEST_CASE("every golden case passes on every backend and thread count") {
-  for (const auto& dir : testutil::golden_cases()) {
+void check_every_case(const std::vector<fs::path>& cases, const fs::path& folder) {
+  INFO("golden folder: " << folder.string());
+  REQUIRE_MESSAGE(!cases.empty(), "no golden case (a folder holding case.json) in the folder");
+  for (const auto& dir : cases) {
     const GoldenCase c = load_golden_case(dir);
     CAPTURE(c.name);
     const CaseRun simd1 = run_golden_case(c, 1);
     for (const auto& r : check_golden_case(c, simd1)) {
       CAPTURE(r.array);
+      CAPTURE(r.detail);
       CHECK(r.ok);
     }
     for (int threads : {2, 3}) {
@@ -36,26 +40,42 @@ TEST_CASE("every golden case passes on every backend and thread count") {
     const CaseRun scalar = run_golden_case<backend::CpuBackend<ScalarArch>>(c, 2);
     for (const auto& r : check_golden_case(c, scalar)) {
       CAPTURE(r.array);
+      CAPTURE(r.detail);
       CHECK(r.ok);
     }
   }
 }
 
-TEST_CASE("golden outputs round-trip through the .npy writer") {
-  const auto cases = testutil::golden_cases();
+TEST_CASE("golden: the folder holds cases") {
+  INFO("golden folder: " << test::golden_dir().string());
+  CHECK(test::golden_cases().size() >= 1);
+}
+
+TEST_CASE("golden: every case passes on every backend and thread count") {
+  check_every_case(test::golden_cases(), test::golden_dir());
+}
+
+#if defined(SKEWADAM_GOLDEN_EXTERNAL_DIR)
+TEST_CASE("golden-external: every case passes on every backend and thread count") {
+  check_every_case(test::external_golden_cases(), test::external_golden_dir());
+}
+#endif
+
+TEST_CASE("golden: outputs round-trip through the .npy writer") {
+  const auto cases = test::golden_cases();
   REQUIRE(!cases.empty());
   const GoldenCase c = load_golden_case(cases.front());
   const CaseRun run = run_golden_case(c, 1);
-  const auto out = std::filesystem::temp_directory_path() / "skewadam-npy-roundtrip";
+  const auto out = fs::temp_directory_path() / "skewadam-npy-roundtrip";
   write_case_outputs(c, run, out);
   const NpyArray p = read_npy(out / "params.npy");
   CHECK(p.data == run.params);
   CHECK(p.shape.front() == c.steps);
-  std::filesystem::remove_all(out);
+  fs::remove_all(out);
 }
 
-TEST_CASE("a perturbed golden expectation is detected") {
-  const auto cases = testutil::golden_cases();
+TEST_CASE("golden: a perturbed expectation is detected") {
+  const auto cases = test::golden_cases();
   REQUIRE(!cases.empty());
   GoldenCase c = load_golden_case(cases.front());
   const CaseRun run = run_golden_case(c, 1);
@@ -63,6 +83,56 @@ TEST_CASE("a perturbed golden expectation is detected") {
   bool all_ok = true;
   for (const auto& r : check_golden_case(c, run)) all_ok = all_ok && r.ok;
   CHECK_FALSE(all_ok);
+}
+
+/// The 16-bit cases that round stochastically (there must be some).
+std::vector<GoldenCase> stochastic_16bit_cases() {
+  std::vector<GoldenCase> out;
+  for (const auto& dir : test::golden_cases()) {
+    GoldenCase c = load_golden_case(dir);
+    if (c.param_dtype != Dtype::f32 && c.rounding == CaseRounding::stochastic) out.push_back(std::move(c));
+  }
+  return out;
+}
+
+bool passes(const GoldenCase& c, const CaseRun& run) {
+  bool ok = true;
+  for (const auto& r : check_golden_case(c, run)) ok = ok && r.ok;
+  return ok;
+}
+
+// The 16-bit check is sharp: the library itself with the wrong random bits,
+// or rounding to nearest instead, fails it on every case (docs/conformance.md).
+TEST_CASE("golden: a 16-bit case fails with the wrong rounding key or the wrong rounding rule") {
+  const auto cases = stochastic_16bit_cases();
+  REQUIRE(cases.size() >= 2);
+  for (const GoldenCase& right : cases) {
+    CAPTURE(right.name);
+    REQUIRE(passes(right, run_golden_case(right, 1)));
+    GoldenCase seed = right;
+    seed.seed += 1;
+    CHECK_FALSE(passes(right, run_golden_case(seed, 1)));
+    GoldenCase stream = right;
+    stream.param_name += ".other";
+    CHECK_FALSE(passes(right, run_golden_case(stream, 1)));
+    GoldenCase nearest = right;
+    nearest.rounding = CaseRounding::nearest;
+    CHECK_FALSE(passes(right, run_golden_case(nearest, 1)));
+  }
+}
+
+TEST_CASE("golden: a 16-bit case's values must be values of its dtype") {
+  const auto cases = stochastic_16bit_cases();
+  REQUIRE(!cases.empty());
+  GoldenCase c = cases.front();
+  c.param0.data[3] = 1.0f + 0x1p-20f;  // between two bf16 / f16 values
+  try {
+    (void)c.initial_param();
+    FAIL("a value that is not a 16-bit value was accepted");
+  } catch (const CaseError& e) {
+    CHECK(std::string(e.what()).find("param0.npy: value") != std::string::npos);
+    CHECK(std::string(e.what()).find("at index 3 is not a") != std::string::npos);
+  }
 }
 
 }  // namespace test_golden

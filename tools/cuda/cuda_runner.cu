@@ -31,30 +31,31 @@ struct Stream {
   Stream& operator=(const Stream&) = delete;
 };
 
-template <class T>
+template <class T, class G>
 RunResult run_typed(const RunSpec& spec) {
   const Shape shape(spec.shape.begin(), static_cast<index_t>(spec.shape.size()), "shape");
   const index_t n = shape.numel();
   const auto bytes = static_cast<std::size_t>(n) * sizeof(T);
+  const auto grad_bytes = static_cast<std::size_t>(n) * sizeof(G);
   if (spec.lr.size() != static_cast<std::size_t>(spec.steps))
     throw std::invalid_argument("lr: " + std::to_string(spec.lr.size()) + " values for " + std::to_string(spec.steps) +
                                 " steps");
   RunResult out;
   out.params.resize(bytes * static_cast<std::size_t>(spec.steps));
   Stream stream;
-  DeviceBuffer<std::uint8_t> p(bytes), g(bytes);
+  DeviceBuffer<std::uint8_t> p(bytes), g(grad_bytes);
   DeviceBuffer<double> lr(3);
   check(cudaMemcpy(p.data(), spec.param0, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (param0)");
 
   auto go = [&]<class Rule>() {
     skewadam::cuda::Optimizer<TierRules<Rule, Rule, Rule>> opt(spec.hyper, {.seed = spec.seed, .stream = stream.s});
     const ParamId id = opt.add(spec.name, Tier::backbone, TensorView<T>(reinterpret_cast<T*>(p.data()), shape),
-                               TensorView<const T>(reinterpret_cast<const T*>(g.data()), shape));
+                               TensorView<const G>(reinterpret_cast<const G*>(g.data()), shape));
     std::optional<typename decltype(opt)::StepGraph> graph;
     if (spec.graph) opt.set_lr_device(lr.data());
     for (std::int64_t t = 0; t < spec.steps; ++t) {
-      const auto* src = static_cast<const std::uint8_t*>(spec.grads) + static_cast<std::size_t>(t) * bytes;
-      check(cudaMemcpyAsync(g.data(), src, bytes, cudaMemcpyHostToDevice, stream.s), "cudaMemcpyAsync (grad)");
+      const auto* src = static_cast<const std::uint8_t*>(spec.grads) + static_cast<std::size_t>(t) * grad_bytes;
+      check(cudaMemcpyAsync(g.data(), src, grad_bytes, cudaMemcpyHostToDevice, stream.s), "cudaMemcpyAsync (grad)");
       const double l = spec.lr[static_cast<std::size_t>(t)];
       if (spec.graph) {
         const double three[3] = {l, l, l};
@@ -77,12 +78,16 @@ RunResult run_typed(const RunSpec& spec) {
     }
     out.state = opt.export_state().params[static_cast<std::size_t>(id.index)].state;
   };
+  auto rounded = [&]<class Rule>() {
+    if (spec.nearest) go.template operator()<typename Rule::template with_rounding<NearestRounding>>();
+    else go.template operator()<Rule>();
+  };
   switch (spec.rule) {
-    case RuleKind::backbone: go.template operator()<BackboneRule>(); break;
-    case RuleKind::experts: go.template operator()<ExpertRule>(); break;
-    case RuleKind::router: go.template operator()<RouterRule>(); break;
-    case RuleKind::exact_momentum: go.template operator()<ExactMomentumRule>(); break;
-    case RuleKind::adamw: go.template operator()<AdamWRule>(); break;
+    case RuleKind::backbone: rounded.template operator()<BackboneRule>(); break;
+    case RuleKind::experts: rounded.template operator()<ExpertRule>(); break;
+    case RuleKind::router: rounded.template operator()<RouterRule>(); break;
+    case RuleKind::exact_momentum: rounded.template operator()<ExactMomentumRule>(); break;
+    case RuleKind::adamw: rounded.template operator()<AdamWRule>(); break;
   }
   return out;
 }
@@ -107,10 +112,14 @@ std::string device_description() {
 }
 
 RunResult run(const RunSpec& spec) {
+  const Dtype grad = spec.grad_dtype.value_or(spec.dtype);
+  if (grad != spec.dtype && grad != Dtype::f32)
+    throw std::invalid_argument("grad_dtype: must be f32 or the parameter's dtype");
+  const bool f32_grads = grad == Dtype::f32;
   switch (spec.dtype) {
-    case Dtype::f32: return run_typed<float>(spec);
-    case Dtype::bf16: return run_typed<bf16>(spec);
-    case Dtype::f16: return run_typed<f16>(spec);
+    case Dtype::f32: return run_typed<float, float>(spec);
+    case Dtype::bf16: return f32_grads ? run_typed<bf16, float>(spec) : run_typed<bf16, bf16>(spec);
+    case Dtype::f16: return f32_grads ? run_typed<f16, float>(spec) : run_typed<f16, f16>(spec);
   }
   throw std::invalid_argument("dtype: unknown");
 }

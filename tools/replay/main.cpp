@@ -118,17 +118,16 @@ class Replay {
 
   Replay(const GoldenCase& c, int threads)
       : c_(c),
-        shape_(c.shape.begin(), static_cast<index_t>(c.shape.size()), "case shape"),
-        param_(c.param0.data),
-        opt_(std::make_unique<Opt>(c.hyper, OptimizerOptions{.threads = threads})) {
-    id_ = opt_->add(name(), Tier::backbone, TensorView<float>(param_.data(), shape_));
+        param_(c.initial_param()),
+        grads_(c.typed_grads()),
+        opt_(std::make_unique<Opt>(c.hyper, c.options(threads))) {
+    id_ = opt_->add(c.param_name, Tier::backbone, param_.param_view(0, c.tensor_shape()));
   }
 
-  std::string name() const { return c_.name.empty() ? "param" : c_.name; }
   std::int64_t steps_done() const { return opt_->steps(); }
 
   void run(std::int64_t first, std::int64_t last, CaseRun& run) {
-    run_golden_steps(c_, *opt_, id_, param_, first, last, run);
+    run_golden_steps(c_, *opt_, id_, param_, grads_, first, last, run);
     collect_state(*opt_, id_, run);
   }
 
@@ -152,8 +151,8 @@ class Replay {
 
  private:
   const GoldenCase& c_;
-  Shape shape_;
-  std::vector<float> param_;
+  TypedValues param_;
+  const TypedValues grads_;
   std::unique_ptr<Opt> opt_;
   ParamId id_{};
 };
@@ -164,7 +163,7 @@ std::vector<ArrayCheck> check_steps(const GoldenCase& c, const CaseRun& run, std
   const std::vector<float> got(run.params.begin() + first * n, run.params.begin() + last * n);
   const std::vector<float> want(c.params.data.begin() + first * n, c.params.data.begin() + last * n);
   std::vector<ArrayCheck> out;
-  out.push_back(compare_array("params", got, want, c.tolerance));
+  out.push_back(compare_params(c, got, want));
   if (last == c.steps) {
     const auto all = check_golden_case(c, run);
     out.insert(out.end(), all.begin() + 1, all.end());  // the state files
@@ -187,8 +186,13 @@ void print_case(const GoldenCase& c) {
   std::printf("%s: %lld steps, shape [", c.name.c_str(), static_cast<long long>(c.steps));
   for (std::size_t i = 0; i < c.shape.size(); ++i)
     std::printf("%s%lld", i ? ", " : "", static_cast<long long>(c.shape[i]));
-  std::printf("], momentum %s, factored %s, clip scope %s", c.momentum ? "yes" : "no", c.factored ? "yes" : "no",
+  std::printf("], %smomentum %s, factored %s, clip scope %s", c.rule == CaseRule::adamw ? "rule AdamW, " : "",
+              c.momentum ? "yes" : "no", c.factored ? "yes" : "no",
               c.hyper.clip_scope == ClipScope::matrix ? "matrix" : "tensor");
+  if (c.param_dtype != Dtype::f32 || c.grad_dtype != Dtype::f32)
+    std::printf(", %s parameter, %s gradients, %s rounding", std::string(dtype_name(c.param_dtype)).c_str(),
+                std::string(dtype_name(c.grad_dtype)).c_str(),
+                c.rounding == CaseRounding::nearest ? "nearest" : "stochastic");
 }
 
 /// One line per checked array, the outputs written to `out_dir` if given,
@@ -199,6 +203,8 @@ int report(const GoldenCase& c, const std::vector<ArrayCheck>& checks, const Cas
   for (const auto& a : checks) {
     if (!a.problem.empty())
       std::printf("  %-8s FAIL: %s\n", a.array.c_str(), a.problem.c_str());
+    else if (!a.detail.empty())
+      std::printf("  %-8s %s, %.4f of tolerance %s\n", a.array.c_str(), a.detail.c_str(), a.worst, a.ok ? "ok" : "FAIL");
     else
       std::printf("  %-8s worst error %.4f of tolerance (at index %lld) %s\n", a.array.c_str(), a.worst,
                   static_cast<long long>(a.worst_index), a.ok ? "ok" : "FAIL");

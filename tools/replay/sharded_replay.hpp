@@ -48,11 +48,12 @@ ShardedReplayResult run_sharded_case(const GoldenCase& c, const ShardedReplayOpt
   Comm comm;
   dist::ShardOptions shard;
   shard.experts = o.expert_rows ? dist::ExpertSharding::rows : dist::ExpertSharding::experts;
-  Opt opt(comm, c.hyper, OptimizerOptions{}, shard);
-  const Shape shape(c.shape.begin(), static_cast<index_t>(c.shape.size()), "case shape");
-  std::vector<float> param = c.param0.data;
+  Opt opt(comm, c.hyper, c.options(0), shard);
+  const Shape shape = c.tensor_shape();
+  TypedValues param = c.initial_param();
+  const TypedValues grads = c.typed_grads();
   const Tier tier = c.shape.size() >= 3 ? Tier::experts : Tier::backbone;
-  const ParamId id = opt.add(c.name.empty() ? "param" : c.name, tier, TensorView<float>(param.data(), shape));
+  const ParamId id = opt.add(c.param_name, tier, param.param_view(0, shape));
 
   ShardedReplayResult r;
   r.rank = comm.rank();
@@ -88,11 +89,11 @@ ShardedReplayResult run_sharded_case(const GoldenCase& c, const ShardedReplayOpt
   const std::int64_t n = c.numel();
   r.run.params.resize(static_cast<std::size_t>(c.steps * n));
   for (std::int64_t t = r.first; t < r.last; ++t) {
-    opt.set_grad(id, TensorView<const float>(c.grads.data.data() + t * n, shape));
+    opt.set_grad(id, grads.grad_view(t * n, shape));
     opt.set_lr(c.lr_schedule[static_cast<std::size_t>(t)]);
     opt.step();
     opt.gather_params();
-    std::copy(param.begin(), param.end(), r.run.params.begin() + t * n);
+    param.widen(0, n, r.run.params.data() + t * n);
   }
   r.exchange_bytes = opt.last_step_exchange_bytes();
 

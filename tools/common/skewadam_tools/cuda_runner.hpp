@@ -5,6 +5,7 @@
 // runner copies them to and from the device.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,13 +28,15 @@ struct RunSpec {
   RuleKind rule = RuleKind::experts;
   std::string name = "param";     ///< keys the rounding stream
   std::vector<std::int64_t> shape;
-  Dtype dtype = Dtype::f32;       ///< of the parameter and the gradients
+  Dtype dtype = Dtype::f32;       ///< of the parameter (and of the gradients unless grad_dtype says)
+  std::optional<Dtype> grad_dtype;  ///< of the gradients: f32 or dtype (default: dtype)
+  bool nearest = false;           ///< round 16-bit parameters to nearest instead of stochastically
   Hyperparameters hyper{};
   std::vector<double> lr;         ///< per step (steps values)
   std::int64_t steps = 0;
   std::uint64_t seed = 0x5eed5eedULL;
   const void* param0 = nullptr;   ///< numel values of dtype
-  const void* grads = nullptr;    ///< steps * numel values of dtype
+  const void* grads = nullptr;    ///< steps * numel values of the gradients' dtype
   bool graph = false;             ///< steps 2.. replay a CUDA graph captured from one step
 };
 

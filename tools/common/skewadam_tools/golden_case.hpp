@@ -1,7 +1,12 @@
 #pragma once
-// Golden conformance cases (format skewadam-golden/1): loading, running
-// through the rule the case's flags name, comparing, and writing outputs in
-// the same layout. Shared by skewadam-replay and the test suite.
+// Golden conformance cases (format skewadam-golden/1, docs/conformance.md):
+// loading, running through the rule the case names, comparing, and writing
+// outputs in the same layout. Shared by skewadam-replay and the test suite.
+//
+// Cases of the original format (fp32 parameters, the rule named by the tier
+// flags) and cases with the optional keys of docs/conformance.md (param_dtype,
+// grad_dtype, rule, param_name, rounding, an ulps tolerance for 16-bit
+// parameters) load alike; absent keys take the original meaning.
 
 #include <nlohmann/json.hpp>
 
@@ -9,11 +14,14 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <skewadam/skewadam.hpp>
@@ -27,10 +35,108 @@ class CaseError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// How close an array must be: |got - expected| <= atol + rtol |expected|
+/// element-wise; or, for the parameter of a 16-bit case (ulps >= 0), every
+/// value within `ulps` spacings of the dtype (at the element's largest
+/// magnitude) and at most max_mismatch_fraction of all values not identical
+/// (docs/conformance.md).
 struct Tolerance {
   double rtol = 0;
   double atol = 0;
+  double ulps = -1;  ///< < 0: rtol/atol
+  double max_mismatch_fraction = 0;
+  bool by_ulps() const { return ulps >= 0; }
 };
+
+/// The rule a case runs: the one its tier flags name, or AdamW's.
+enum class CaseRule { tiered, adamw };
+enum class CaseRounding { stochastic, nearest };
+
+/// A tensor's values as an optimizer holds them: fp32, bf16 or fp16 in
+/// memory, built from fp32 values that are exactly values of that dtype (a
+/// case's files hold 16-bit values widened to fp32).
+class TypedValues {
+ public:
+  TypedValues() = default;
+  /// Throws CaseError naming `what` when a value is not one of dtype's.
+  TypedValues(Dtype dtype, const std::vector<float>& values, const std::string& what);
+
+  Dtype dtype() const noexcept { return dtype_; }
+  std::int64_t size() const noexcept { return size_; }
+  /// Element `offset` onwards, in memory (dtype_size(dtype()) bytes each).
+  void* data(std::int64_t offset = 0) noexcept;
+  const void* data(std::int64_t offset = 0) const noexcept;
+  ParamView param_view(std::int64_t offset, const Shape& shape) noexcept;
+  GradView grad_view(std::int64_t offset, const Shape& shape) const noexcept;
+  /// count values from `offset`, widened to fp32 (exact), into out.
+  void widen(std::int64_t offset, std::int64_t count, float* out) const noexcept;
+
+ private:
+  Dtype dtype_ = Dtype::f32;
+  std::int64_t size_ = 0;
+  std::vector<float> f32_;
+  std::vector<bf16> bf16_;
+  std::vector<f16> f16_;
+};
+
+inline TypedValues::TypedValues(Dtype dtype, const std::vector<float>& values, const std::string& what)
+    : dtype_(dtype), size_(static_cast<std::int64_t>(values.size())) {
+  auto narrow = [&]<class T>(std::vector<T>& out) {
+    out.reserve(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      const T x = round_nearest<T>(values[i]);
+      if (float_bits(to_float(x)) != float_bits(values[i]) && !(std::isnan(values[i]) && std::isnan(to_float(x))))
+        throw CaseError(what + ": value " + std::to_string(values[i]) + " at index " + std::to_string(i) +
+                        " is not a " + std::string(dtype_name(dtype)) + " value");
+      out.push_back(x);
+    }
+  };
+  switch (dtype) {
+    case Dtype::f32: f32_ = values; break;
+    case Dtype::bf16: narrow(bf16_); break;
+    case Dtype::f16: narrow(f16_); break;
+  }
+}
+
+inline void* TypedValues::data(std::int64_t offset) noexcept {
+  return const_cast<void*>(std::as_const(*this).data(offset));
+}
+
+inline const void* TypedValues::data(std::int64_t offset) const noexcept {
+  const auto k = static_cast<std::size_t>(offset);
+  switch (dtype_) {
+    case Dtype::bf16: return bf16_.data() + k;
+    case Dtype::f16: return f16_.data() + k;
+    default: return f32_.data() + k;
+  }
+}
+
+inline ParamView TypedValues::param_view(std::int64_t offset, const Shape& shape) noexcept {
+  switch (dtype_) {
+    case Dtype::bf16: return TensorView<bf16>(static_cast<bf16*>(data(offset)), shape);
+    case Dtype::f16: return TensorView<f16>(static_cast<f16*>(data(offset)), shape);
+    default: return TensorView<float>(static_cast<float*>(data(offset)), shape);
+  }
+}
+
+inline GradView TypedValues::grad_view(std::int64_t offset, const Shape& shape) const noexcept {
+  switch (dtype_) {
+    case Dtype::bf16: return TensorView<const bf16>(static_cast<const bf16*>(data(offset)), shape);
+    case Dtype::f16: return TensorView<const f16>(static_cast<const f16*>(data(offset)), shape);
+    default: return TensorView<const float>(static_cast<const float*>(data(offset)), shape);
+  }
+}
+
+inline void TypedValues::widen(std::int64_t offset, std::int64_t count, float* out) const noexcept {
+  const auto k = static_cast<std::size_t>(offset);
+  for (std::size_t i = 0; i < static_cast<std::size_t>(count); ++i) {
+    switch (dtype_) {
+      case Dtype::bf16: out[i] = to_float(bf16_[k + i]); break;
+      case Dtype::f16: out[i] = to_float(f16_[k + i]); break;
+      default: out[i] = f32_[k + i]; break;
+    }
+  }
+}
 
 struct GoldenCase {
   std::filesystem::path dir;
@@ -40,6 +146,12 @@ struct GoldenCase {
   std::int64_t steps = 0;
   bool momentum = false;
   bool factored = false;
+  CaseRule rule = CaseRule::tiered;
+  Dtype param_dtype = Dtype::f32;
+  Dtype grad_dtype = Dtype::f32;
+  std::string param_name;  ///< the name the parameter is registered under: keys its rounding stream
+  CaseRounding rounding = CaseRounding::stochastic;
+  std::uint64_t seed = OptimizerOptions{}.seed;  ///< the stochastic-rounding seed
   Hyperparameters hyper;
   std::vector<double> lr_schedule;
   Tolerance tolerance;
@@ -52,11 +164,29 @@ struct GoldenCase {
     for (auto d : shape) n *= d;
     return n;
   }
+  Shape tensor_shape() const { return Shape(shape.begin(), static_cast<index_t>(shape.size()), "case shape"); }
+  /// The optimizer options the case needs (its rounding seed), with `threads`.
+  OptimizerOptions options(int threads = 1) const { return OptimizerOptions{.seed = seed, .threads = threads}; }
+  /// The parameter before step 1, and every step's gradient, in their dtypes.
+  TypedValues initial_param() const { return TypedValues(param_dtype, param0.data, (dir / "param0.npy").string()); }
+  TypedValues typed_grads() const { return TypedValues(grad_dtype, grads.data, (dir / "grads.npy").string()); }
 };
 
 namespace detail {
 
-inline Tolerance parse_tolerance(const nlohmann::json& j, const std::string& where) {
+inline Tolerance parse_tolerance(const nlohmann::json& j, const std::string& where, bool ulps_allowed = false) {
+  if (ulps_allowed && j.is_object() && j.contains("ulps")) {
+    if (!j["ulps"].is_number() || !j.contains("max_mismatch_fraction") || !j["max_mismatch_fraction"].is_number())
+      throw CaseError(where + ": expected {\"ulps\": number, \"max_mismatch_fraction\": number}");
+    Tolerance t;
+    t.ulps = j["ulps"].get<double>();
+    t.max_mismatch_fraction = j["max_mismatch_fraction"].get<double>();
+    if (!(t.ulps >= 0) || !(t.max_mismatch_fraction >= 0) || !(t.max_mismatch_fraction <= 1))
+      throw CaseError(where + ": ulps must be >= 0 and max_mismatch_fraction in [0, 1]");
+    return t;
+  }
+  if (j.is_object() && j.contains("ulps"))
+    throw CaseError(where + ": an ulps tolerance needs a 16-bit parameter (param_dtype bf16 or f16)");
   if (!j.is_object() || !j.contains("rtol") || !j.contains("atol") || !j["rtol"].is_number() ||
       !j["atol"].is_number())
     throw CaseError(where + ": expected {\"rtol\": number, \"atol\": number}");
@@ -105,6 +235,39 @@ inline GoldenCase load_golden_case(const std::filesystem::path& dir) {
     if (c.steps < 1) throw CaseError(where + ": steps must be >= 1");
     c.momentum = j.at("tier").at("momentum").get<bool>();
     c.factored = j.at("tier").at("factored").get<bool>();
+    // Optional keys (docs/conformance.md); absent, they mean what the
+    // original format did.
+    const std::string rule = j.value("rule", "skewadam");
+    if (rule == "adamw") {
+      if (!c.momentum || c.factored)
+        throw CaseError(where + ": rule adamw keeps momentum and an exact second moment "
+                                "(tier.momentum true, tier.factored false)");
+      c.rule = CaseRule::adamw;
+    } else if (rule != "skewadam") {
+      throw CaseError(where + ": unknown rule \"" + rule + "\" (expected skewadam or adamw)");
+    }
+    c.param_dtype = parse_dtype(j.value("param_dtype", "f32"), "param_dtype");
+    c.grad_dtype = parse_dtype(j.value("grad_dtype", "f32"), "grad_dtype");
+    if (c.grad_dtype != Dtype::f32 && c.grad_dtype != c.param_dtype)
+      throw CaseError(where + ": grad_dtype must be f32 or the param_dtype");
+    c.param_name = j.value("param_name", c.name.empty() ? std::string("param") : c.name);
+    if (c.param_name.empty()) throw CaseError(where + ": param_name must not be empty");
+    if (j.contains("rounding")) {
+      const auto& r = j["rounding"];
+      if (!r.is_object()) throw CaseError(where + ": rounding must be an object");
+      const std::string mode = r.value("mode", "stochastic");
+      if (mode == "nearest") c.rounding = CaseRounding::nearest;
+      else if (mode != "stochastic")
+        throw CaseError(where + ": rounding.mode \"" + mode + "\" (expected stochastic or nearest)");
+      if (r.contains("seed")) {
+        if (!r["seed"].is_number_unsigned()) throw CaseError(where + ": rounding.seed must be an integer in [0, 2^64)");
+        c.seed = r["seed"].get<std::uint64_t>();
+      }
+      if (r.contains("stream") &&
+          (!r["stream"].is_number_unsigned() || r["stream"].get<std::uint64_t>() != tensor_id(c.param_name)))
+        throw CaseError(where + ": rounding.stream " + r["stream"].dump() + " is not the stream of param_name \"" +
+                        c.param_name + "\" (" + std::to_string(tensor_id(c.param_name)) + ", FNV-1a of the name)");
+    }
     const auto& h = j.at("hyper");
     c.hyper.beta1 = h.at("beta1").get<double>();
     c.hyper.beta2 = h.at("beta2").get<double>();
@@ -120,7 +283,7 @@ inline GoldenCase load_golden_case(const std::filesystem::path& dir) {
     validate(c.hyper, where + ": hyper");
     for (double lr : c.lr_schedule)
       if (!(lr >= 0) || !std::isfinite(lr)) throw CaseError(where + ": lr_schedule has an invalid value");
-    c.tolerance = detail::parse_tolerance(j.at("tolerance"), where + ": tolerance");
+    c.tolerance = detail::parse_tolerance(j.at("tolerance"), where + ": tolerance", c.param_dtype != Dtype::f32);
     if (j.contains("state_tolerance"))
       for (auto& [k, v] : j["state_tolerance"].items())
         c.state_tolerance[k] = detail::parse_tolerance(v, where + ": state_tolerance." + k);
@@ -146,6 +309,10 @@ inline GoldenCase load_golden_case(const std::filesystem::path& dir) {
     expect(c.grads, seq, "grads.npy");
     c.params = read_npy(dir / "params.npy");
     expect(c.params, seq, "params.npy");
+    // 16-bit values, widened to fp32 in the files: each must be exactly one
+    (void)c.initial_param();
+    (void)c.typed_grads();
+    (void)TypedValues(c.param_dtype, c.params.data, (dir / "params.npy").string());
     const bool fact = c.factored && c.shape.size() >= 2;
     std::vector<std::string> names;
     if (c.momentum) names.push_back("exp_avg");
@@ -168,25 +335,26 @@ inline GoldenCase load_golden_case(const std::filesystem::path& dir) {
   return c;
 }
 
-/// What a run computed: the parameter after every step and the final state.
+/// What a run computed: the parameter after every step (16-bit values
+/// widened to fp32) and the final state.
 struct CaseRun {
   std::vector<float> params;                           ///< steps * numel
   std::map<std::string, std::vector<float>> state;    ///< exp_avg, v, v_row, v_col
 };
 
 /// Runs steps [first, last) of a case on `opt` (the case's parameter already
-/// registered as `id`, pointing at `param`), recording into run.params.
+/// registered as `id`, its values in `param`), recording into run.params.
 template <class Opt>
-void run_golden_steps(const GoldenCase& c, Opt& opt, ParamId id, std::vector<float>& param, std::int64_t first,
-                      std::int64_t last, CaseRun& run) {
+void run_golden_steps(const GoldenCase& c, Opt& opt, ParamId id, const TypedValues& param, const TypedValues& grads,
+                      std::int64_t first, std::int64_t last, CaseRun& run) {
   const std::int64_t n = c.numel();
-  const Shape shape(c.shape.begin(), static_cast<index_t>(c.shape.size()), "case shape");
+  const Shape shape = c.tensor_shape();
   run.params.resize(static_cast<std::size_t>(c.steps * n));
   for (std::int64_t t = first; t < last; ++t) {
-    opt.set_grad(id, TensorView<const float>(c.grads.data.data() + t * n, shape));
+    opt.set_grad(id, grads.grad_view(t * n, shape));
     opt.set_lr(c.lr_schedule[static_cast<std::size_t>(t)]);
     opt.step();
-    std::copy(param.begin(), param.end(), run.params.begin() + t * n);
+    param.widen(0, n, run.params.data() + t * n);
   }
 }
 
@@ -202,27 +370,36 @@ void collect_state(const Opt& opt, ParamId id, CaseRun& run) {
   if (!s.v_col.empty()) run.state["v_col"] = s.v_col;
 }
 
-/// Calls f.template operator()<Rule>() with the rule the case's flags name.
+/// Calls f.template operator()<Rule>() with the rule the case names: AdamW's
+/// (rule "adamw"), else the one its tier flags name; with round-to-nearest as
+/// its rounding policy when the case says so.
 template <class F>
 decltype(auto) with_case_rule(const GoldenCase& c, F&& f) {
-  if (c.momentum && c.factored) return f.template operator()<BackboneRule>();
-  if (c.momentum) return f.template operator()<ExactMomentumRule>();
-  if (c.factored) return f.template operator()<ExpertRule>();
-  return f.template operator()<RouterRule>();
+  auto rounded = [&]<class Rule>() -> decltype(auto) {
+    if (c.rounding == CaseRounding::nearest)
+      return f.template operator()<typename Rule::template with_rounding<NearestRounding>>();
+    return f.template operator()<Rule>();
+  };
+  if (c.rule == CaseRule::adamw) return rounded.template operator()<AdamWRule>();
+  if (c.momentum && c.factored) return rounded.template operator()<BackboneRule>();
+  if (c.momentum) return rounded.template operator()<ExactMomentumRule>();
+  if (c.factored) return rounded.template operator()<ExpertRule>();
+  return rounded.template operator()<RouterRule>();
 }
 
-/// Runs a whole case from a fresh state, as the golden README says, on the
-/// optimizer `make.template operator()<Tiers>(hyper)` returns (a pointer-like
-/// owner of any front-end configuration).
+/// Runs a whole case from a fresh state, as docs/conformance.md says, on the
+/// optimizer `make.template operator()<Tiers>(hyper, options)` returns (a
+/// pointer-like owner of any front-end configuration; `options` carries the
+/// case's rounding seed, the maker sets what else it needs, e.g. threads).
 template <class Make>
 CaseRun run_golden_case_on(const GoldenCase& c, Make&& make) {
   return with_case_rule(c, [&]<class Rule>() {
-    auto opt = make.template operator()<TierRules<Rule, Rule, Rule>>(c.hyper);
-    std::vector<float> param = c.param0.data;
-    const Shape shape(c.shape.begin(), static_cast<index_t>(c.shape.size()), "case shape");
-    const ParamId id = opt->add(c.name.empty() ? "param" : c.name, Tier::backbone, TensorView<float>(param.data(), shape));
+    auto opt = make.template operator()<TierRules<Rule, Rule, Rule>>(c.hyper, c.options());
+    TypedValues param = c.initial_param();
+    const TypedValues grads = c.typed_grads();
+    const ParamId id = opt->add(c.param_name, Tier::backbone, param.param_view(0, c.tensor_shape()));
     CaseRun run;
-    run_golden_steps(c, *opt, id, param, 0, c.steps, run);
+    run_golden_steps(c, *opt, id, param, grads, 0, c.steps, run);
     collect_state(*opt, id, run);
     return run;
   });
@@ -231,18 +408,20 @@ CaseRun run_golden_case_on(const GoldenCase& c, Make&& make) {
 /// The same on the local placement of a CPU backend.
 template <class Backend = backend::DefaultBackend>
 CaseRun run_golden_case(const GoldenCase& c, int threads = 1) {
-  return run_golden_case_on(c, [&]<class Tiers>(const Hyperparameters& h) {
-    return std::make_unique<Optimizer<Tiers, Backend>>(h, OptimizerOptions{.threads = threads});
+  return run_golden_case_on(c, [&]<class Tiers>(const Hyperparameters& h, OptimizerOptions o) {
+    o.threads = threads;
+    return std::make_unique<Optimizer<Tiers, Backend>>(h, o);
   });
 }
 
 /// Worst error of one array as a fraction of its tolerance (<= 1 passes).
 struct ArrayCheck {
   std::string array;
-  double worst = 0;          ///< max |got - expected| / (atol + rtol |expected|)
+  double worst = 0;          ///< max |got - expected| / (atol + rtol |expected|); ulps: see compare_ulps
   std::int64_t worst_index = -1;
   bool ok = false;
   std::string problem;       ///< set when sizes differ or values are not finite
+  std::string detail;        ///< ulps tolerances: how many values differ, and by how much
 };
 
 inline ArrayCheck compare_array(const std::string& name, const std::vector<float>& got, const std::vector<float>& expected,
@@ -271,9 +450,80 @@ inline ArrayCheck compare_array(const std::string& name, const std::vector<float
   return r;
 }
 
+namespace detail {
+
+/// The distance between neighbouring values of a 16-bit dtype at magnitude
+/// m (at 0 and among subnormals: the subnormal spacing).
+inline double spacing(Dtype dtype, double m) {
+  const int mantissa = dtype == Dtype::bf16 ? 7 : 10;
+  const int min_exponent = dtype == Dtype::bf16 ? -126 : -14;
+  int e = min_exponent;
+  if (m > 0) {
+    (void)std::frexp(m, &e);  // m = f 2^e, f in [0.5, 1): the binade's exponent is e - 1
+    e = std::max(e - 1, min_exponent);
+  }
+  return std::ldexp(1.0, e - mantissa);
+}
+
+}  // namespace detail
+
+/// The 16-bit parameter check (docs/conformance.md). got and expected hold
+/// whole steps of the case's parameter (all of them, or a run of them); the
+/// expected values of every step are in c.params. Each value must be within tol.ulps spacings of the
+/// dtype of the expected one, the spacing taken at the element's largest
+/// expected magnitude over the whole run; and at most
+/// tol.max_mismatch_fraction of the values may differ at all. worst is the
+/// larger of (largest difference in spacings / ulps) and (mismatch fraction
+/// / its bound).
+inline ArrayCheck compare_ulps(const GoldenCase& c, const std::string& name, const std::vector<float>& got,
+                               const std::vector<float>& expected) {
+  const Tolerance tol = c.tolerance;
+  ArrayCheck r;
+  r.array = name;
+  if (got.size() != expected.size()) {
+    r.problem = "has " + std::to_string(got.size()) + " values, expected " + std::to_string(expected.size());
+    r.worst = INFINITY;
+    return r;
+  }
+  const auto n = static_cast<std::size_t>(c.numel());
+  std::vector<double> largest(n, 0.0);
+  for (std::size_t i = 0; i < c.params.data.size(); ++i)
+    largest[i % n] = std::max(largest[i % n], std::fabs(static_cast<double>(c.params.data[i])));
+  std::int64_t differ = 0;
+  double far = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (float_bits(got[i]) == float_bits(expected[i])) continue;
+    ++differ;
+    const std::size_t element = i % n;  // got starts at a step boundary
+    double d = std::fabs(static_cast<double>(got[i]) - expected[i]) / detail::spacing(c.param_dtype, largest[element]);
+    if (std::isnan(d)) d = INFINITY;
+    if (d > far || r.worst_index < 0) {
+      far = d;
+      r.worst_index = static_cast<std::int64_t>(i);
+    }
+  }
+  const double fraction = got.empty() ? 0.0 : static_cast<double>(differ) / static_cast<double>(got.size());
+  auto ratio = [](double x, double bound) { return x == 0 ? 0.0 : bound > 0 ? x / bound : INFINITY; };
+  r.worst = std::max(ratio(far, tol.ulps), ratio(fraction, tol.max_mismatch_fraction));
+  r.ok = far <= tol.ulps && fraction <= tol.max_mismatch_fraction;
+  char buf[240];
+  std::snprintf(buf, sizeof buf, "%lld of %zu values differ (%.3f %%, at most %g %%), by at most %g %s spacings (at most %g)",
+                static_cast<long long>(differ), got.size(), 100 * fraction, 100 * tol.max_mismatch_fraction, far,
+                std::string(dtype_name(c.param_dtype)).c_str(), tol.ulps);
+  r.detail = buf;
+  return r;
+}
+
+/// Checks the parameter values of whole steps (params.npy or a run of its
+/// steps) by the case's parameter tolerance.
+inline ArrayCheck compare_params(const GoldenCase& c, const std::vector<float>& got, const std::vector<float>& expected) {
+  if (c.tolerance.by_ulps()) return compare_ulps(c, "params", got, expected);
+  return compare_array("params", got, expected, c.tolerance);
+}
+
 inline std::vector<ArrayCheck> check_golden_case(const GoldenCase& c, const CaseRun& run) {
   std::vector<ArrayCheck> out;
-  out.push_back(compare_array("params", run.params, c.params.data, c.tolerance));
+  out.push_back(compare_params(c, run.params, c.params.data));
   for (const auto& [name, expected] : c.state) {
     auto it = run.state.find(name);
     if (it == run.state.end()) {
