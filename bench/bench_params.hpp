@@ -40,7 +40,7 @@ struct Param {
   skewadam::Dtype dtype;
 };
 
-/// The paper's proportions (SPEC section 1: 5 % backbone, 95 % experts, a
+/// The paper's proportions (docs/spec.md §1: 5 % backbone, 95 % experts, a
 /// router) at d_model 1024 with 8 experts of ff 2048: 52.97 M parameters,
 /// backbone 4.96 %, experts 95.02 %, router 0.015 %. Matrix weights in
 /// `dtype`; LayerNorms and the router in fp32 (as the paper keeps them).

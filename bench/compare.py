@@ -4,7 +4,7 @@ otherwise run on CPU, on the same parameters, at 1 and 2 threads.
 
   skewadam   the library (skewadam-bench, step/... and model/... benchmarks)
   torch-ops  the same rule written with PyTorch tensor ops, the way a Python
-             optimizer does it (SPEC section 3; bf16 with E1 + E2, the
+             optimizer does it (docs/spec.md §3; bf16 with E1 + E2, the
              stochastic rounding done with torch.randint and integer ops)
   torch      torch.optim.AdamW, as constructed by default
   adamw      the library's own fused AdamW rule (skewadam-bench step/adamw/...)
@@ -66,13 +66,13 @@ import torch  # noqa: E402
 
 # ----------------------------------------------------------------- the rule
 class TorchOpsSkewAdam:
-    """SkewAdam with PyTorch tensor ops (SPEC section 3), one tensor at a time.
+    """SkewAdam with PyTorch tensor ops (docs/spec.md §3), one tensor at a time.
 
     params: list of (tensor, tier) with tier in {"backbone", "experts",
     "router"}. backbone: momentum + factored; experts: factored; router:
     exact. Rank-1 tensors use the exact second moment. bf16 parameters are
     updated in fp32 and written back with unbiased stochastic rounding, weight
-    decay fused before the single rounding (SPEC E1, E2).
+    decay fused before the single rounding (docs/spec.md §5, E1 and E2).
     """
 
     def __init__(self, params, lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.05, clip_threshold=1.0):

@@ -16,7 +16,7 @@ function(skewadam_plan_test name rc args)
                    "-DOUT_HAS=${_t_OUT}" "-DERR_HAS=${_t_ERR}" -P "${_plan_check}")
 endfunction()
 
-# ---- the paper's figures (SPEC section 6)
+# ---- the paper's figures (docs/spec.md §6)
 skewadam_plan_test(preset_table 0 "--preset|paper-6.78b"
   OUT "6,784.33 M|12.64 GiB of weights|1.27 GiB|12.6 MB|2.1 MB|0.008 %|SkewAdam                                     1.29 GiB|50.55 GiB|25.27 GiB|25.29 GiB")
 skewadam_plan_test(preset_json 0 "--preset|paper-6.78b|--json"

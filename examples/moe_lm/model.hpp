@@ -20,7 +20,7 @@
 // Parameters are created where they will live (ModelConfig::device, the
 // "meta" device included, where nothing is allocated) in ModelConfig::dtype,
 // except the LayerNorms and the router, which stay fp32 as in the paper's
-// model (SPEC section 6). Each layer computes in its weights' dtype.
+// model (docs/spec.md §6). Each layer computes in its weights' dtype.
 
 #include <torch/torch.h>
 

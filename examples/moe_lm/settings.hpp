@@ -82,7 +82,7 @@ inline void apply_preset(Settings& s, const std::string& name) {
     return;
   }
   if (name == "paper") {
-    // The paper's 6.78B-parameter model (SPEC section 6): GPT-2's padded
+    // The paper's 6.78B-parameter model (docs/spec.md §6): GPT-2's padded
     // vocabulary size (the byte tokens use its first 256 rows), d_model 4096,
     // 256 learned positions, two blocks (a dense SwiGLU, then 128 experts of
     // ff 4096, top-2), 32 query heads sharing 8 key/value heads, bf16 weights

@@ -1,5 +1,5 @@
 #pragma once
-// Hyperparameters of one tier (SPEC section 3 and extensions E3, E5).
+// Hyperparameters of one tier (docs/spec.md §3 and §5, extensions E3, E5).
 
 #include <cmath>
 #include <stdexcept>

@@ -479,7 +479,7 @@ class Optimizer : public TierSettings {
   void synchronize() const requires device_counts { engine_.synchronize(); }
 
   // ----------------------------------------------------------------- state
-  /// Optimizer state bytes (SPEC section 2), total and per tier; sharded:
+  /// Optimizer state bytes (docs/spec.md §2), total and per tier; sharded:
   /// held by this rank.
   index_t state_bytes() const noexcept {
     index_t b = 0;

@@ -18,7 +18,7 @@
 //   one_buffer        one fp32 buffer per parameter (Lion, Muon): 4 bytes per parameter
 //
 // Factored layouts fall back to an exact second moment for rank-1 tensors
-// (SPEC section 2).
+// (docs/spec.md §2).
 
 #include <cstddef>
 #include <limits>

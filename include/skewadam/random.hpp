@@ -1,5 +1,5 @@
 #pragma once
-// Counter-based random bits for stochastic rounding (SPEC extension E1).
+// Counter-based random bits for stochastic rounding (docs/spec.md §4, extension E1).
 //
 // Philox4x32-10 (Random123) keyed by (seed), counted by (element / 8, step,
 // tensor): the bits an element gets depend only on (seed, step, tensor id,

@@ -1,7 +1,7 @@
 #pragma once
 // What optimizer state a rule keeps for a tensor, and how many bytes it is.
 //
-// This is the one place where SPEC section 2's formulas live. The optimizer's
+// This is the one place where docs/spec.md §2's formulas live. The optimizer's
 // state report, the planner (skewadam-plan) and the LibTorch adapter all call
 // state_bytes(), so they cannot disagree.
 //
@@ -48,7 +48,7 @@ constexpr index_t second_moment_bytes(StateLayout layout, const Shape& shape) no
   return 4 * shape.numel();
 }
 
-/// Optimizer state bytes of one tensor (SPEC section 2).
+/// Optimizer state bytes of one tensor (docs/spec.md §2).
 constexpr index_t state_bytes(StateLayout layout, const Shape& shape) noexcept {
   if (shape.numel() == 0) return 0;
   return momentum_bytes(layout, shape) + second_moment_bytes(layout, shape);

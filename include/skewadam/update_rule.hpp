@@ -7,9 +7,9 @@
 // Slot contracts are documented by the null policies (no_momentum.hpp,
 // exact_second_moment.hpp, no_update_clip.hpp, nearest_rounding.hpp) and are
 // checked here, where the rule is formed, with readable messages.
-// Decoupled weight decay (SPEC step 1) is part of every rule: it is fused into
-// the store, p_new = round(p * (1 - lr*wd) - lr * u), and is the identity when
-// weight_decay is 0.
+// Decoupled weight decay (docs/spec.md §3.2, step 1) is part of every rule:
+// it is fused into the store, p_new = round(p * (1 - lr*wd) - lr * u), and is
+// the identity when weight_decay is 0.
 
 #include <concepts>
 #include <cstdint>

@@ -118,7 +118,7 @@ class TieredOptimizer(torch.optim.Optimizer):
             or on one CUDA device, which stay where they are (create the
             optimizer after ``model.to(...)``). A tensor under two names (tied
             weights) is updated once, under its first name.
-        lr, betas, eps, weight_decay, clip_threshold: SPEC section 3 (eps is a
+        lr, betas, eps, weight_decay, clip_threshold: docs/spec.md §3 (eps is a
             floor under the second-moment estimate; AdamW adds it to sqrt(v)).
         clip_scope: "tensor" (one update RMS per tensor) or "matrix" (one per
             [r, c] matrix of a stacked expert bank).
@@ -238,7 +238,7 @@ class TieredOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------ inspection
     def state_bytes(self, tier=None):
-        """Bytes of optimizer state (SPEC section 2), in all or in one tier."""
+        """Bytes of optimizer state (docs/spec.md §2), in all or in one tier."""
         if tier is None:
             return self._engine.state_bytes()
         if tier not in TIERS:

@@ -58,7 +58,7 @@ float gradient(std::int64_t t, index_t i) {
 /// The rows whose every element is checked: both ends.
 const index_t checked_rows[] = {0, 1, rows - 2, rows - 1};
 
-/// The rule in double, with its state (SPEC section 3, factored, no momentum).
+/// The rule in double, with its state (docs/spec.md §3, factored, no momentum).
 struct Reference {
   Hyperparameters h;
   std::vector<double> r = std::vector<double>(rows, 0.0), c = std::vector<double>(cols, 0.0);

@@ -1,5 +1,5 @@
 #pragma once
-// A deliberately plain implementation of SPEC section 3 in double precision,
+// A deliberately plain implementation of docs/spec.md §3 in double precision,
 // written from the equations (three passes, full-size temporaries), used as
 // an independent oracle for the library on random inputs.
 

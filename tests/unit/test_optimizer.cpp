@@ -70,7 +70,7 @@ void check_bytes() {
 
 }  // namespace
 
-TEST_CASE("state bytes follow SPEC section 2 for every variant") {
+TEST_CASE("state bytes follow docs/spec.md section 2 for every variant") {
   // hand-computed for SkewAdam
   SkewAdam opt;
   Model m;

@@ -159,7 +159,7 @@ TEST_CASE("preset paper-6.78b: the paper's figures") {
   const std::vector<TensorSpec> model = preset_inventory("paper-6.78b");
   const Plan p = make_plan(model);
 
-  // Exact integers (SPEC section 6 worked through).
+  // Exact integers (docs/spec.md §6 worked through).
   CHECK(p.total_params == 6'784'327'680);
   CHECK(p.weights_bytes == 13'569'785'856);
   CHECK(p.tiers.backbone.params == 341'352'448);

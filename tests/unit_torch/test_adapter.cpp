@@ -152,7 +152,7 @@ TEST_CASE("tiers, param groups and state views") {
   CHECK(opt.param_groups()[2].params().size() == 1);  // router
   CHECK(opt.state().size() == ps.size());
 
-  // SPEC section 2: experts keep only factored statistics, the router exact V,
+  // docs/spec.md §2: experts keep only factored statistics, the router exact V,
   // the backbone momentum + factored (rank 1 falls back to exact).
   const auto& experts = opt.param_state("blocks.1.moe.experts.gate_proj");
   CHECK_FALSE(experts.m.defined());

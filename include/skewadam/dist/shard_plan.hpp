@@ -15,7 +15,7 @@
 //   Split::matrices  a bank [E, r, c] is dealt out by whole experts, rank k
 //                    owning experts [E k / N, E (k + 1) / N): no statistic
 //                    crosses ranks, only the clip's sum over the bank when the
-//                    clip scope is the whole tensor (SPEC 3, step 6).
+//                    clip scope is the whole tensor (docs/spec.md §3.2, step 6).
 //   Split::whole     one rank owns the tensor (a separately stored expert,
 //                    dealt out round-robin): no communication at all.
 //
@@ -133,7 +133,7 @@ inline TensorSplit split_for(Tier tier, const Shape& shape, StateLayout layout, 
   return s;
 }
 
-/// Optimizer state bytes rank `rank` keeps for a tensor (SPEC section 2 on
+/// Optimizer state bytes rank `rank` keeps for a tensor (docs/spec.md §2 on
 /// its pieces; a factored piece keeps its rows' R and a copy of C).
 inline index_t shard_state_bytes(const TensorSplit& s, StateLayout layout, int rank) {
   index_t b = 0;

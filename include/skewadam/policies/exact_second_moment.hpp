@@ -1,5 +1,5 @@
 #pragma once
-// ExactSecondMoment: a per-element fp32 second moment (SPEC section 3, step 3,
+// ExactSecondMoment: a per-element fp32 second moment (docs/spec.md §3.2, step 3,
 // exact; also every rank-1 tensor under a factored rule).
 //
 //   V <- beta2 V + (1 - beta2) g^2

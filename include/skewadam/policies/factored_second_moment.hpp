@@ -1,5 +1,5 @@
 #pragma once
-// FactoredSecondMoment: row + column statistics per matrix (SPEC section 3,
+// FactoredSecondMoment: row + column statistics per matrix (docs/spec.md §3.2,
 // step 3, factored; Adafactor, Shazeer & Stern 2018, as used by SkewAdam,
 // arXiv 2607.19058).
 //

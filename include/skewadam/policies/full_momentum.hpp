@@ -1,5 +1,5 @@
 #pragma once
-// FullMomentum: an fp32 first moment (SPEC section 3, step 4, with momentum).
+// FullMomentum: an fp32 first moment (docs/spec.md §3.2, step 4, with momentum).
 //
 //   m <- beta1 m + (1 - beta1) g
 //   u = m * sqrt(1 - beta2^t) / (1 - beta1^t)

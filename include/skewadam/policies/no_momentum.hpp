@@ -1,5 +1,5 @@
 #pragma once
-// NoMomentum: the null first-moment policy (SPEC section 3, step 4, no momentum).
+// NoMomentum: the null first-moment policy (docs/spec.md §3.2, step 4, no momentum).
 //
 //   u = g * sqrt(1 - beta2^t)
 //

@@ -1,5 +1,5 @@
 #pragma once
-// RmsUpdateClip: update clipping by RMS (SPEC section 3, step 6).
+// RmsUpdateClip: update clipping by RMS (docs/spec.md §3.2, step 6).
 //
 //   s = sqrt(mean(u^2)) over the clip scope;  u <- u / max(s / clip_threshold, 1)
 //

@@ -1,5 +1,5 @@
 #pragma once
-// StochasticRounding: unbiased stochastic rounding on store (SPEC extension E1).
+// StochasticRounding: unbiased stochastic rounding on store (docs/spec.md §4, extension E1).
 //
 // The fp32 result x is rounded to one of its two neighbours in the parameter's
 // dtype with probability proportional to proximity, so E[round(x)] = x:

@@ -235,7 +235,7 @@ class ParamState : public ::torch::optim::OptimizerCloneableParamState<ParamStat
   std::int64_t step = 0;  ///< updates received so far
   at::Tensor m, v, v_row, v_col;
 
-  /// Bytes of state (SPEC section 2; the step counter is not counted).
+  /// Bytes of state (docs/spec.md §2; the step counter is not counted).
   std::int64_t bytes() const {
     std::int64_t b = 0;
     for (const at::Tensor* t : {&m, &v, &v_row, &v_col})
@@ -538,7 +538,7 @@ class Optimizer : public ::torch::optim::Optimizer {
   /// This process's rank in the group, and the group's size (0 and 1 unsharded).
   int rank() const noexcept { return core_->rank(); }
   int ranks() const noexcept { return core_->ranks(); }
-  /// Optimizer state bytes (SPEC section 2) this process keeps, total and per
+  /// Optimizer state bytes (docs/spec.md §2) this process keeps, total and per
   /// tier (sharded: this rank's share).
   index_t state_bytes() const noexcept { return core_->state_bytes(); }
   index_t state_bytes(Tier t) const noexcept { return core_->state_bytes(t); }

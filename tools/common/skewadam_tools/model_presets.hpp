@@ -1,7 +1,7 @@
 #pragma once
 // Built-in model inventories for skewadam-plan --preset.
 //
-// paper-6.78b: the model of the SkewAdam paper (SPEC section 6). GPT-2 BPE
+// paper-6.78b: the model of the SkewAdam paper (docs/spec.md §6). GPT-2 BPE
 // vocabulary padded to 50,304; d_model 4096; 256 learned positions; two
 // blocks, block 0 with a dense SwiGLU FFN (ff 4096), block 1 with an MoE of
 // 128 SwiGLU experts (ff 4096; w1, w2, w3 of [4096, 4096] each, stored per
@@ -28,7 +28,7 @@ struct Preset {
 };
 
 inline constexpr Preset presets[] = {
-    {"paper-6.78b", "the SkewAdam paper's 6.78B-parameter MoE (2 blocks, 128 experts; SPEC section 6)"},
+    {"paper-6.78b", "the SkewAdam paper's 6.78B-parameter MoE (2 blocks, 128 experts; docs/spec.md section 6)"},
 };
 
 namespace detail {
