@@ -2,7 +2,7 @@
 // skewadam version. CMake reads the three numbers below.
 
 #define SKEWADAM_VERSION_MAJOR 0
-#define SKEWADAM_VERSION_MINOR 1
+#define SKEWADAM_VERSION_MINOR 2
 #define SKEWADAM_VERSION_PATCH 0
 
 namespace skewadam {
