@@ -85,9 +85,12 @@ inline TypedValues::TypedValues(Dtype dtype, const std::vector<float>& values, c
     out.reserve(values.size());
     for (std::size_t i = 0; i < values.size(); ++i) {
       const T x = round_nearest<T>(values[i]);
-      if (float_bits(to_float(x)) != float_bits(values[i]) && !(std::isnan(values[i]) && std::isnan(to_float(x))))
-        throw CaseError(what + ": value " + std::to_string(values[i]) + " at index " + std::to_string(i) +
-                        " is not a " + std::string(dtype_name(dtype)) + " value");
+      if (float_bits(to_float(x)) != float_bits(values[i]) && !(std::isnan(values[i]) && std::isnan(to_float(x)))) {
+        char value[32];
+        std::snprintf(value, sizeof value, "%.9g", static_cast<double>(values[i]));
+        throw CaseError(what + ": value " + value + " at index " + std::to_string(i) + " is not a " +
+                        std::string(dtype_name(dtype)) + " value");
+      }
       out.push_back(x);
     }
   };
