@@ -3,7 +3,6 @@ through the reference rule, and the checking rule.
 """
 
 import json
-import os
 import pathlib
 
 import numpy as np
@@ -12,7 +11,6 @@ from . import philox, rounding
 from .rule import ADAMW, BACKBONE, EXACT_MOMENTUM, EXPERTS, ROUTER, Hyper, Rounding, run
 
 FORMAT = "skewadam-golden/1"
-STATE_FILES = ("exp_avg", "v", "v_row", "v_col")
 
 
 class CaseError(ValueError):
@@ -38,7 +36,6 @@ class Case:
             j = json.loads((self.dir / "case.json").read_text())
         except (OSError, ValueError) as e:
             raise CaseError(f"{where}: {e}") from None
-        self.json = j
         if j.get("format", FORMAT) != FORMAT:
             raise CaseError(f"{where}: unknown format {j['format']!r}")
         self.shape = tuple(int(d) for d in j["shape"])
@@ -49,9 +46,11 @@ class Case:
         self.lr_schedule = [float(x) for x in hj["lr_schedule"]]
         if len(self.lr_schedule) != self.steps:
             raise CaseError(f"{where}: lr_schedule has {len(self.lr_schedule)} values for {self.steps} steps")
+        scope = {"tensor": "tensor", "matrix": "matrix", "per_matrix": "matrix"}.get(j.get("clip_scope", "tensor"))
+        if scope is None:
+            raise CaseError(f"{where}: unknown clip_scope {j['clip_scope']!r} (expected tensor or matrix)")
         self.hyper = Hyper(lr=self.lr_schedule[0], beta1=hj["beta1"], beta2=hj["beta2"], eps=hj["eps"],
-                           weight_decay=hj["weight_decay"], clip_threshold=hj["clip_threshold"],
-                           clip_scope=j.get("clip_scope", "tensor"))
+                           weight_decay=hj["weight_decay"], clip_threshold=hj["clip_threshold"], clip_scope=scope)
         self.rule_name = j.get("rule", "skewadam")
         if self.rule_name == "adamw":
             if not self.momentum or self.factored:
@@ -224,8 +223,3 @@ def same_folder(a, b):
         if (a / n).read_bytes() != (b / n).read_bytes():
             diffs.append(f"{n}: differs")
     return diffs
-
-
-def environment_dir(variable="SKEWADAM_GOLDEN_DIR"):
-    value = os.environ.get(variable, "")
-    return pathlib.Path(value) if value else None
