@@ -267,29 +267,30 @@ SPECS = [
     Spec("bf16_bias_1d", "bf16 rank-1 tensor with bf16 gradients under momentum + factored (the exact "
          "fallback), stochastic rounding.", (257,), BACKBONE, plain(), hyper={"lr": 0.01, **WD},
          param_dtype="bf16", grad_dtype="bf16", seed=7, param_name="blocks.0.norm.bias"),
-    Spec("bf16_router_nearest", "bf16 router (exact, no momentum) stored by round-to-nearest-even.", (8, 48),
+    Spec("bf16_router_nearest", "bf16 router (exact, no momentum) with fp32 gradients, stored by "
+         "round-to-nearest-even.", (8, 48),
          ROUTER, plain(), hyper={"lr": 0.01, "beta2": 0.9999}, param_dtype="bf16", rounding="nearest",
          param_name="blocks.1.moe.router.weight"),
-    Spec("bf16_decay_only", "bf16 parameter with zero gradients, lr 0.01, weight decay 0.1: only the fused "
+    Spec("bf16_decay_only", "bf16 parameter with zero bf16 gradients, lr 0.01, weight decay 0.1: only the fused "
          "weight decay moves it, by 0.1 % a step, less than half a bf16 spacing (0.2 to 0.4 %): stochastic "
          "rounding keeps it on average, round-to-nearest would never move it.", (16, 16), ROUTER, zero_grads,
-         hyper={"lr": 0.01, "weight_decay": 0.1}, param_dtype="bf16", param_name="embed.weight"),
-    Spec("bf16_adamw_2d", "bf16 parameter under the AdamW rule (eps added to sqrt(v), no clipping), weight "
+         hyper={"lr": 0.01, "weight_decay": 0.1}, param_dtype="bf16", grad_dtype="bf16", param_name="embed.weight"),
+    Spec("bf16_adamw_2d", "bf16 parameter and gradients under the AdamW rule (eps added to sqrt(v), no clipping), weight "
          "decay 0.1, stochastic rounding.", (12, 20), ADAMW, skewed, hyper={"lr": 0.01, "weight_decay": 0.1},
-         param_dtype="bf16", param_name="lm_head.weight"),
+         param_dtype="bf16", grad_dtype="bf16", param_name="lm_head.weight"),
     Spec("f16_backbone_2d", "f16 parameter with f16 gradients, momentum + factored, weight decay 0.05, "
          "stochastic rounding.", (16, 24), BACKBONE, skewed, hyper={"lr": 0.01, **WD}, param_dtype="f16",
          grad_dtype="f16", param_name="blocks.0.mlp.w1"),
-    Spec("f16_subnormal", "f16 parameter in f16's subnormal range (|p| < 2^-14), lr 1e-6: stochastic "
+    Spec("f16_subnormal", "f16 parameter (f16 gradients) in f16's subnormal range (|p| < 2^-14), lr 1e-6: stochastic "
          "rounding between subnormal neighbours.", (16, 16), ROUTER, f16_subnormal, hyper={"lr": 1e-6},
-         param_dtype="f16", param_name="blocks.0.norm.weight"),
-    Spec("f16_saturation", "f16 parameter at and near the largest finite f16 (65504, spacing 32 there), lr 8: "
+         param_dtype="f16", grad_dtype="f16", param_name="blocks.0.norm.weight"),
+    Spec("f16_saturation", "f16 parameter (f16 gradients) at and near the largest finite f16 (65504, spacing 32 there), lr 8: "
          "results beyond it are stored as 65504, never infinity.", (8, 32), ROUTER, f16_saturating,
-         hyper={"lr": 8.0}, param_dtype="f16", param_name="scale"),
-    Spec("f16_rank4_nearest", "f16 rank-4 tensor, factored, no momentum, clip scope matrix, stored by "
+         hyper={"lr": 8.0}, param_dtype="f16", grad_dtype="f16", param_name="scale"),
+    Spec("f16_rank4_nearest", "f16 rank-4 tensor with f16 gradients, factored, no momentum, clip scope matrix, stored by "
          "round-to-nearest-even.", (2, 2, 6, 10), EXPERTS, bank_spikes,
          hyper={"lr": 0.01, "clip_scope": "matrix", **WD}, param_dtype="f16", rounding="nearest",
-         param_name="conv.weight"),
+         grad_dtype="f16", param_name="conv.weight"),
 ]
 
 
