@@ -41,6 +41,7 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -53,37 +54,50 @@
 namespace skewadam {
 
 // ------------------------------------------------------------------ the API
+//
+// For every optimizer, whatever its backend and placement. Sharded, both are
+// collective: saving streams the file one parameter at a time (the ranks
+// gather that parameter's complete state from its owners, rank 0 writes it),
+// so no rank holds more than one complete tensor's state besides its own; a
+// failure on rank 0 is raised on every rank. Loading has every rank read the
+// file (a file system all ranks see) and keep its share of each parameter as
+// it is read. The file is the same whatever the rank count: a run saved with
+// N ranks resumes with M ranks, or in one process, and the other way round.
 
 /// Saves `opt` to `file` atomically (temporary file, fsync, rename).
-template <class Tiers, class Backend>
-void save_checkpoint(const Optimizer<Tiers, Backend, Local>& opt, const std::filesystem::path& file,
+template <class Tiers, class Backend, class Placement>
+void save_checkpoint(const Optimizer<Tiers, Backend, Placement>& opt, const std::filesystem::path& file,
                      const SaveOptions& options = {}) {
-  detail::ckpt::AtomicFileSink sink(file);
-  detail::ckpt::save(opt, sink, options);
-  sink.commit();
+  using detail::ckpt::AtomicFileSink;
+  detail::ckpt::save<Tiers, Backend, Placement, AtomicFileSink>(
+      opt, options, [&](std::optional<AtomicFileSink>& target) { target.emplace(file); },
+      [](AtomicFileSink& sink) { sink.commit(); });
 }
 
-/// The bytes save_checkpoint() would write.
-template <class Tiers, class Backend>
-std::vector<std::byte> checkpoint_bytes(const Optimizer<Tiers, Backend, Local>& opt, const SaveOptions& options = {}) {
+/// The bytes save_checkpoint() would write (sharded: on rank 0; nothing on
+/// the other ranks).
+template <class Tiers, class Backend, class Placement>
+std::vector<std::byte> checkpoint_bytes(const Optimizer<Tiers, Backend, Placement>& opt,
+                                        const SaveOptions& options = {}) {
+  using detail::ckpt::MemorySink;
   std::vector<std::byte> out;
-  detail::ckpt::MemorySink sink(out);
-  detail::ckpt::save(opt, sink, options);
+  detail::ckpt::save<Tiers, Backend, Placement, MemorySink>(
+      opt, options, [&](std::optional<MemorySink>& target) { target.emplace(out); }, [](MemorySink&) {});
   return out;
 }
 
 /// Loads `file` into `opt`, whose parameters must be those saved (by name,
 /// in any order). All or nothing: see the top of this file.
-template <class Tiers, class Backend>
-void load_checkpoint(Optimizer<Tiers, Backend, Local>& opt, const std::filesystem::path& file,
+template <class Tiers, class Backend, class Placement>
+void load_checkpoint(Optimizer<Tiers, Backend, Placement>& opt, const std::filesystem::path& file,
                      const LoadOptions& options = {}) {
   detail::ckpt::FileSource src(file);
   detail::ckpt::load(opt, src, options);
 }
 
-/// Loads a checkpoint held in memory.
-template <class Tiers, class Backend>
-void load_checkpoint(Optimizer<Tiers, Backend, Local>& opt, std::span<const std::byte> bytes,
+/// Loads a checkpoint held in memory (sharded: every rank passes the same bytes).
+template <class Tiers, class Backend, class Placement>
+void load_checkpoint(Optimizer<Tiers, Backend, Placement>& opt, std::span<const std::byte> bytes,
                      const LoadOptions& options = {}) {
   detail::ckpt::MemorySource src(bytes, "checkpoint in memory");
   detail::ckpt::load(opt, src, options);

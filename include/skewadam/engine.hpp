@@ -1,80 +1,34 @@
 #pragma once
-// What the optimizer front-end (optimizer.hpp) asks of the engine under it.
+// Engine<Tiers, Backend, Placement>: the step skeleton, written once for every
+// backend and placement, under the optimizer front-end (optimizer.hpp).
 //
-// Optimizer<Tiers, Backend, Placement> does everything that does not depend on
-// where the state lives or how the loops run, once: names and tiers, every
-// argument check (overlapping memory included), per-tier hyperparameters and
-// schedules, the non-finite policy and StepReport, global gradient-norm
-// clipping, step counts and rounding streams, export/import of the state,
-// state_bytes. The engine, Placement::engine<Tiers, Backend>, holds the state
-// on the backend's memory and runs the passes of a step over it:
+// The placement decides what of each tensor this process steps (its pieces,
+// backend/backend.hpp) and the exchanges between the passes; the backend
+// holds the state and runs the passes over the pieces. One step:
 //
-//   check_memory(name, p, g) throws std::invalid_argument (naming the
-//                           parameter) unless p and g are in memory the
-//                           backend can reach (the CUDA backend: device memory).
-//   add(spec)               allocate the state (and scratch) of one more tensor;
-//                           strong guarantee. pop_back() undoes the last add.
-//   step(items, policy)     one step of the listed tensors, each with its
-//                           scalars and rounding key. Unless the policy is
-//                           unchecked, no state and no parameter changes when a
-//                           gradient offends; the first offender (in item order,
-//                           then element order) is returned. May throw
-//                           std::invalid_argument before changing anything.
-//   grad_sum_squares(items) sum of g^2 over the listed gradients, in double, in
-//                           an order fixed by the shapes (and rank count).
-//   export_arrays(i)        host copy of tensor i's complete state arrays.
-//   check_arrays(i, s, who) throws std::invalid_argument (naming who) unless s
-//                           has exactly the arrays tensor i keeps.
-//   stage_begin(), stage(staged, i, s), commit(staged)
-//                           import in two halves: stage() takes tensor i's
-//                           complete arrays into a staged_type (this process's
-//                           share of them; it may allocate and throw), one
-//                           tensor at a time, so that a sharded import never
-//                           holds more than one complete tensor; commit()
-//                           swaps the staged state in, noexcept.
-//   state_bytes(i)          optimizer-state bytes this process holds of tensor i.
-//   host_memory             whether parameters and state are in host memory;
-//                           when not, read_memory(dst, src, n) and
-//                           write_memory(dst, src, n) copy parameter bytes to
-//                           and from the host (checkpoints' parameter values),
-//                           and host_arrays(i) is a host copy of tensor i's
-//                           state (else a view of it).
-//   set_threads(n), threads()
+//   scan        backend.check: the non-finite policy's scan (the backend's
+//               one strategy; it may leave the decision on its device)
+//   agree       placement.agree: the processes agree on the stepped tensors
+//               and the first offender; a rejected step changes nothing
+//   statistics  backend.statistics
+//   exchange    the cut matrices' column sums and sums of R_i, summed over
+//               the processes (placement.add_over_ranks)
+//   finish      backend.finish: C_j, vbar, the sums of u^2
+//   exchange    where the placement forms the clip divisors: the sums of u^2
+//               over the processes, then every clipped tensor's divisors
+//   apply       backend.apply
+//   count       backend.count: every stepped tensor's count, and the step's
 //
-// An engine whose step counts live on its device (counts_on_device: the CUDA
-// engine) steps without waiting for it, so the host learns a step's outcome
-// only when it asks; instead of the step() above it has
-//
-//   step(items, policy, settings)
-//                           enqueues one step; each tensor's scalars and key
-//                           are formed on the device from its own count and
-//                           `settings` (the tiers' hyperparameters, the
-//                           global-norm scale, the seed); a rejected step
-//                           changes nothing, counts included
-//   counts(out) -> steps    the tensors' counts and the applied-step count
-//                           (waits for the device)
-//   clip_sum_squares()      the sum of g^2 the last clipping step formed
-//                           (settings.max_norm; waits for the device)
-//   outcome()               the last step's first offender, if it was rejected
-//                           (waits for the device)
-//   stage_counts(staged, counts, steps)
-//                           counts of an import, committed with the state
-//   capture(items, policy, settings) -> graph_type
-//                           one step recorded for replay (a CUDA graph)
-//   replay_problem(graph, items)
-//                           why `graph` cannot run with these items, if it cannot
-//   replay(graph, items, settings)
-//                           runs it: one more step, counted on the device
-//
-// A placement decides what of each tensor a process holds and adds the
-// exchanges between the passes (placement/local.hpp: everything, no exchange;
-// placement/sharded.hpp: row slices and whole experts, all-gathers); a backend
-// holds the loops, threads and memory (backend/cpu/cpu_backend.hpp;
-// backend/cuda/cuda_backend.hpp, whose engines are placement/local_cuda.hpp
-// and placement/sharded_cuda.hpp).
+// Step counts live with the backend (on the device for the CUDA backend), and
+// each tensor's scalars and rounding key are formed there from its own count,
+// so the front-end has one step() path whatever the backend: it asks
+// counts() and outcome() when it needs them. Under the local placement no
+// pass needs the host once a step is enqueued, which is what lets a device
+// backend capture it (capture(), replay()).
 
+#include <algorithm>
 #include <array>
-#include <concepts>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -82,67 +36,27 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "config.hpp"
-#include "hyperparameters.hpp"
+#include "dist/shard_plan.hpp"
+#include "dist/shard_transfer.hpp"
+#include "dtype.hpp"
+#include "engine_types.hpp"
 #include "nonfinite.hpp"
+#include "optimizer_options.hpp"
 #include "param_state.hpp"
-#include "random.hpp"
-#include "state_layout.hpp"
+#include "rule_dispatch.hpp"
 #include "step_scalars.hpp"
-#include "tensor_view.hpp"
-#include "tier.hpp"
 
 namespace skewadam {
 
-/// A tensor being registered: already checked by the front-end.
-struct TensorRegistration {
-  index_t index = 0;  ///< its position (ParamId)
-  Tier tier = Tier::backbone;
-  StateLayout layout{};
-  ParamView param;
-};
-
-/// One tensor of a step (or of a gradient-norm sum).
-struct StepItem {
-  index_t index = 0;  ///< its position (ParamId)
-  Tier tier = Tier::backbone;
-  ParamView param;
-  GradView grad;
-  StepScalars scalars{};  ///< of its step t (its step count + 1)
-  RoundingKey key{};
-  ClipScope scope = ClipScope::tensor;
-};
-
-/// The first offending gradient an engine found; the front-end names it.
-struct Offender {
-  index_t index = -1;    ///< the tensor
-  index_t element = -1;  ///< flat index of its first offending element, or -1 (see NonFiniteGradient)
-  float value = 0;       ///< that element after global-norm scaling
-};
-
-/// What a step of an engine that counts on its device needs besides its items.
-struct StepSettings {
-  std::array<Hyperparameters, tier_count> hyper{};  ///< by tier_index, lr schedules applied
-  double grad_scale = 1.0;                          ///< global-norm clipping's
-  std::uint64_t seed = 0;                           ///< stochastic rounding's
-  /// > 0: the step clips the global gradient norm to it on the device
-  /// (its scale replaces grad_scale); clip_sum_squares() reads the sum
-  double max_norm = 0;
-};
-
-/// Why a captured step cannot replay (replay_problem()).
-struct ReplayProblem {
-  index_t index = -1;  ///< the tensor whose gradient is not the captured one (pointer or dtype), or
-                       ///< -1: the engine's tables changed since the capture (a parameter was
-                       ///< added, a gradient changed dtype, or a state was imported)
-};
-
 namespace detail {
-/// check_arrays() of an engine whose tensor i keeps arrays of sizes `have`
-/// (m, v, v_row, v_col): std::invalid_argument naming who and the array
-/// unless `got` has exactly those sizes.
+/// std::invalid_argument naming who and the array unless `got` has exactly
+/// the sizes `have` (m, v, v_row, v_col).
 inline void check_array_sizes(const std::array<std::size_t, 4>& have, const ParamState& got, const std::string& who) {
   const std::array<std::size_t, 4> sizes{got.m.size(), got.v.size(), got.v_row.size(), got.v_col.size()};
   constexpr const char* names[4] = {"m", "v", "v_row", "v_col"};
@@ -153,63 +67,337 @@ inline void check_array_sizes(const std::array<std::size_t, 4>& have, const Para
 }
 }  // namespace detail
 
-/// Whether E counts steps on its device (the second form of step() above).
-template <class E>
-inline constexpr bool counts_on_device = requires { requires E::counts_on_device; };
+template <class Tiers, class Backend, class Placement>
+class Engine {
+  static_assert(backend::Backend<Backend>,
+                "skewadam::Engine: the backend does not provide the members of backend::Backend (backend/backend.hpp)");
 
-/// The interface above, as concepts; Optimizer checks them with a readable
-/// message where an engine is formed.
-template <class E>
-concept EngineBase = requires(E& e, const E& ce, const TensorRegistration& spec, std::size_t i, const ParamState& s,
-                              const std::string& who, ParamState&& full, typename E::staged_type& staged,
-                              const ParamView& p, const GradView& g, std::span<const StepItem> items) {
-  ce.check_memory(std::string_view(who), p, g);
-  e.add(spec);
-  { e.pop_back() } noexcept;
-  { ce.grad_sum_squares(items) } -> std::same_as<double>;
-  { ce.export_arrays(i) } -> std::same_as<ParamState>;
-  ce.check_arrays(i, s, who);
-  { ce.stage_begin() } -> std::same_as<typename E::staged_type>;
-  ce.stage(staged, i, std::move(full));
-  { e.commit(std::move(staged)) } noexcept;
-  { ce.state_bytes(i) } -> std::same_as<index_t>;
-  { E::host_memory } -> std::convertible_to<bool>;
-  e.set_threads(1);
-  { ce.threads() } -> std::same_as<int>;
-};
+ public:
+  using backend_type = Backend;
+  using placement_type = Placement;
+  using staged_type = typename Backend::staged_type;
 
-template <class E>
-concept HostCountingEngine = EngineBase<E> && !counts_on_device<E> &&
-                             requires(E& e, std::span<const StepItem> items, NonFinitePolicy policy) {
-                               { e.step(items, policy) } -> std::same_as<std::optional<Offender>>;
-                             };
+  explicit Engine(const OptimizerOptions& options) requires(!Placement::sharded) : backend_(options) {}
+  Engine(typename Placement::communicator_type& comm, const OptimizerOptions& options,
+         typename Placement::options_type shard) requires(Placement::sharded)
+      : placement_(comm, shard), backend_(options) {}
 
-template <class E>
-concept DeviceCountingEngine =
-    EngineBase<E> && counts_on_device<E> &&
-    requires(E& e, const E& ce, std::span<const StepItem> items, NonFinitePolicy policy, const StepSettings& st,
-             std::span<std::int64_t> out, std::span<const std::int64_t> in, typename E::staged_type& staged,
-             const typename E::graph_type& graph) {
-      e.step(items, policy, st);
-      { ce.counts(out) } -> std::same_as<std::int64_t>;
-      { ce.outcome() } -> std::same_as<std::optional<Offender>>;
-      { ce.clip_sum_squares() } -> std::same_as<double>;
-      ce.stage_counts(staged, in, std::int64_t{0});
-      { e.capture(items, policy, st) } -> std::same_as<typename E::graph_type>;
-      { ce.replay_problem(graph, items) } -> std::same_as<std::optional<ReplayProblem>>;
-      e.replay(graph, items, st);
+  Backend& backend() noexcept { return backend_; }
+  const Backend& backend() const noexcept { return backend_; }
+  Placement& placement() noexcept { return placement_; }
+  const Placement& placement() const noexcept { return placement_; }
+
+  // ---------------------------------------------------------- registration
+  void check_memory(std::string_view name, const ParamView& p, const GradView& g) const {
+    backend_.check_memory(name, p, g);
+  }
+  /// Allocates a tensor's state (its pieces') on the backend; strong guarantee.
+  void add(const TensorRegistration& spec) {
+    Tensor t;
+    t.tier = spec.tier;
+    t.rank1 = spec.param.shape.rank() < 2;
+    t.momentum = spec.layout.momentum;
+    t.clips = visit_rule<Tiers>(t.tier, t.rank1, []<class Rule>() { return Rule::clip::active; });
+    t.split = placement_.split(spec.tier, spec.param.shape, spec.layout);
+    t.pieces = t.split.pieces(placement_.rank());
+    t.cut = t.split.factored && t.split.cuts_matrices();  // on every rank alike: the exchanges are collective
+    t.clip_at = clip_count_;
+    t.cut_at = cut_count_;
+    // the kernels of its rule and dtypes: for a gradient of the parameter's
+    // dtype, and for an fp32 one
+    const auto kernels = visit_rule<Tiers>(t.tier, t.rank1, [&]<class Rule>() {
+      auto of = [&](Dtype g) {
+        return visit_dtypes(spec.param.dtype, g,
+                            []<class P, class G>() { return Backend::template kernels<Rule, P, G>(); });
+      };
+      return std::array<typename Backend::kernels_type, 2>{of(spec.param.dtype), of(Dtype::f32)};
+    });
+    try {
+      tensors_.reserve(tensors_.size() + 1);
+      backend_.add(spec, piece_specs(t), kernels);
+    } catch (...) {
+      placement_.unsplit(t.split);
+      throw;
+    }
+    clip_count_ += static_cast<index_t>(t.pieces.size());
+    if (t.cut) cut_count_ += static_cast<index_t>(t.pieces.size()) * (t.split.geom.cols + 1);
+    tensors_.push_back(std::move(t));
+  }
+  void pop_back() noexcept {
+    const Tensor& t = tensors_.back();
+    clip_count_ = t.clip_at;
+    cut_count_ = t.cut_at;
+    placement_.unsplit(t.split);
+    backend_.pop_back();
+    tensors_.pop_back();
+  }
+
+  const dist::TensorSplit& split(std::size_t i) const { return tensors_[i].split; }
+  std::span<const dist::Piece> pieces(std::size_t i) const { return tensors_[i].pieces; }
+
+  // ---------------------------------------------------------------- state
+  /// This process's share of tensor i's state, viewed where it lives.
+  ParamStateView view(std::size_t i) const { return backend_.view(i); }
+  /// A host copy of tensor i's complete state (sharded: collective).
+  ParamState export_arrays(std::size_t i) const {
+    ParamState s = backend_.share(i);
+    placement_.complete(tensors_[i].split, tensors_[i].momentum, s);
+    return s;
+  }
+  /// f(ParamStateView of tensor i's complete state), without a copy where the
+  /// state is complete in host memory (sharded: collective).
+  template <class F>
+  decltype(auto) with_complete_arrays(std::size_t i, F&& f) const {
+    if constexpr (Backend::host_memory && !Placement::sharded) {
+      return f(backend_.view(i));
+    } else {
+      const ParamState s = export_arrays(i);
+      return f(ParamStateView{s.m, s.v, s.v_row, s.v_col, 0});
+    }
+  }
+  /// f(host bytes of tensor i's complete parameter p), without a copy where
+  /// the parameter is complete in host memory (sharded: collective).
+  template <class F>
+  decltype(auto) with_complete_param(std::size_t i, const ParamView& p, F&& f) const {
+    const std::size_t elem = static_cast<std::size_t>(dtype_size(p.dtype));
+    const std::size_t n = static_cast<std::size_t>(p.numel()) * elem;
+    if constexpr (Backend::host_memory && !Placement::sharded) {
+      return f(static_cast<const std::byte*>(p.data));
+    } else {
+      std::vector<std::byte> host(n);
+      backend_.read_memory(host.data(), p.data, n);
+      if constexpr (Placement::sharded) placement_.gather_param(tensors_[i].split, host.data(), elem);
+      return f(static_cast<const std::byte*>(host.data()));
+    }
+  }
+  void check_arrays(std::size_t i, const ParamState& got, const std::string& who) const {
+    const dist::FullSizes w = dist::full_sizes(tensors_[i].split, tensors_[i].momentum);
+    detail::check_array_sizes({w.m, w.v, w.v_row, w.v_col}, got, who);
+  }
+  staged_type stage_begin() const { return backend_.stage_begin(); }
+  /// Takes this process's share of tensor i's complete arrays.
+  void stage(staged_type& staged, std::size_t i, ParamState&& full) const {
+    placement_.share_of(tensors_[i].split, tensors_[i].momentum, full);
+    backend_.stage(staged, i, std::move(full));
+  }
+  void stage_counts(staged_type& staged, std::span<const std::int64_t> counts, std::int64_t steps) const {
+    backend_.stage_counts(staged, counts, steps);
+  }
+  void commit(staged_type&& staged) noexcept { backend_.commit(std::move(staged)); }
+  /// Every tensor's count into out, and the applied steps.
+  std::int64_t counts(std::span<std::int64_t> out) const { return backend_.counts(out); }
+  index_t state_bytes(std::size_t i) const noexcept { return backend_.state_bytes(i); }
+  /// Memory the backend holds besides the state (scratch, tables).
+  index_t scratch_bytes() const noexcept { return backend_.scratch_bytes(); }
+
+  /// Completes every process's copy of tensor i's parameter from its owners.
+  void gather_param(std::size_t i, const ParamView& p) requires(Placement::sharded) {
+    const std::size_t elem = static_cast<std::size_t>(dtype_size(p.dtype));
+    backend_.with_host_bytes(p.data, static_cast<std::size_t>(p.numel()) * elem, true,
+                             [&](std::byte* host) { placement_.gather_param(tensors_[i].split, host, elem); });
+  }
+  /// Bytes this process put into the exchanges of its last step.
+  index_t last_exchange_bytes() const noexcept { return exchanged_; }
+
+  // ----------------------------------------------------------------- step
+  /// Sum of g^2 over the listed gradients, in double, in an order fixed by
+  /// the shapes (sharded: collective, the processes' sums in rank order).
+  double grad_sum_squares(std::span<const StepItem> items) const {
+    return placement_.sum_over_ranks(backend_.grad_sum_squares(items));
+  }
+
+  /// One step of the listed tensors (see the top of this file).
+  void step(std::span<const StepItem> items, NonFinitePolicy policy, StepSettings settings) {
+    begin_step(items);
+    if (settings.max_norm > 0 && placement_.ranks() > 1) {
+      norm_sq_ = grad_sum_squares(items);  // the backend clips alone only what is all in this process
+      settings.grad_scale = grad_clip_scale(std::sqrt(*norm_sq_), settings.max_norm);
+      settings.max_norm = 0;
+    }
+    settings_ = settings;
+    backend_.prepare(items, settings);
+    enqueue(policy);
+  }
+
+  /// The last step's first offender, when it was rejected (may wait for a device).
+  std::optional<Offender> outcome() const { return verdict_.known ? verdict_.offender : backend_.outcome(); }
+  /// The sum of g^2 the last step clipped by (StepSettings::max_norm).
+  double clip_sum_squares() const { return norm_sq_ ? *norm_sq_ : backend_.clip_sum_squares(); }
+
+  // ------------------------------------------------------------- graphs
+  /// One step recorded for replay (a backend with graphs, local placement).
+  auto capture(std::span<const StepItem> items, NonFinitePolicy policy, const StepSettings& settings)
+    requires(!Placement::sharded && requires { typename Backend::graph_type; })
+  {
+    begin_step(items);
+    settings_ = settings;
+    backend_.prepare(items, settings);
+    return backend_.capture(policy, settings.max_norm > 0, [&] { enqueue(policy); });
+  }
+  template <class Graph>
+  std::optional<ReplayProblem> replay_problem(const Graph& g, std::span<const StepItem> items) const {
+    return backend_.replay_problem(g, items);
+  }
+  template <class Graph>
+  void replay(const Graph& g, std::span<const StepItem> items, const StepSettings& settings) {
+    begin_step(items);
+    settings_ = settings;
+    backend_.prepare(items, settings);
+    backend_.launch(g);
+  }
+
+  void set_threads(int n) { backend_.set_threads(n); }
+  int threads() const noexcept { return backend_.threads(); }
+
+ private:
+  struct Tensor {
+    Tier tier = Tier::backbone;
+    bool rank1 = false;
+    bool momentum = false;
+    bool clips = false;  ///< its rule clips the update
+    bool cut = false;    ///< factored and cut between processes
+    dist::TensorSplit split;
+    std::vector<dist::Piece> pieces;  ///< this process's, one per matrix
+    index_t clip_at = 0;              ///< its first matrix in clip_sums() and divisors()
+    index_t cut_at = 0;               ///< its first value in cut_sums()
+  };
+
+  /// The backend's pieces of tensor t: each cut matrix's slice alone, or
+  /// every matrix this process owns whole as one piece.
+  std::vector<backend::PieceSpec> piece_specs(const Tensor& t) const {
+    std::vector<backend::PieceSpec> out;
+    if (t.pieces.empty()) return out;
+    const MatrixGeometry& g = t.split.geom;
+    const bool f = t.split.factored;
+    auto spec = [&](MatrixGeometry geom, index_t first, bool cut) {
+      return backend::PieceSpec{geom, first, f, cut, g.rows, Placement::host_divisors};
     };
+    if (t.split.cuts_matrices()) {
+      for (const dist::Piece& p : t.pieces)
+        out.push_back(spec(f ? MatrixGeometry{1, p.size(), g.cols} : MatrixGeometry{1, 1, p.size()},
+                           t.split.first_element(p), f));
+    } else {
+      out.push_back(spec(MatrixGeometry{static_cast<index_t>(t.pieces.size()), g.rows, g.cols},
+                         t.split.first_element(t.pieces.front()), false));
+    }
+    return out;
+  }
 
-template <class E>
-concept OptimizerEngine = HostCountingEngine<E> || DeviceCountingEngine<E>;
+  void begin_step(std::span<const StepItem> items) {
+    exchanged_ = 0;
+    norm_sq_.reset();
+    verdict_ = backend::Verdict{false, std::nullopt};
+    stepped_.clear();
+    any_cut_ = false;
+    for (const StepItem& it : items) {
+      stepped_.push_back(static_cast<std::size_t>(it.index));
+      any_cut_ = any_cut_ || tensors_[static_cast<std::size_t>(it.index)].cut;
+    }
+  }
 
-/// The memory copies of an engine whose memory is not the host's.
-template <class E>
-concept DeviceMemoryEngine = OptimizerEngine<E> && !E::host_memory &&
-                             requires(E& e, const E& ce, void* p, const void* cp, std::size_t n, std::size_t i) {
-                               ce.read_memory(p, cp, n);
-                               e.write_memory(p, cp, n);
-                               { ce.host_arrays(i) } -> std::same_as<ParamState>;
-                             };
+  /// The passes of a step, once its items are prepared.
+  void enqueue(NonFinitePolicy policy) {
+    backend_.begin();
+    verdict_ = placement_.agree(backend_, backend_.check(policy), stepped_, exchanged_);
+    if (verdict_.known && verdict_.offender) {
+      backend_.reject();
+      return;
+    }
+    backend_.statistics();
+    if (any_cut_) exchange_statistics();
+    backend_.finish();
+    if constexpr (Placement::host_divisors) exchange_clip();
+    backend_.apply();
+    backend_.count();
+  }
+
+  /// The cut matrices' c column sums and sum of R_i, summed over processes:
+  /// one slot of c + 1 per matrix of every stepped cut tensor, zero where
+  /// this process owns no rows of it.
+  void exchange_statistics() {
+    const std::span<double> sums = backend_.cut_sums();
+    std::size_t size = 0;
+    for (std::size_t i : stepped_)
+      if (tensors_[i].cut) size += static_cast<std::size_t>(tensors_[i].split.geom.batch * (tensors_[i].split.geom.cols + 1));
+    wire_.assign(size, 0.0);
+    // f(this process's c + 1 values of piece q, the matrix's slot on the wire)
+    auto each_piece = [&](auto&& f) {
+      std::size_t base = 0;
+      for (std::size_t i : stepped_) {
+        const Tensor& t = tensors_[i];
+        if (!t.cut) continue;
+        const auto w = static_cast<std::size_t>(t.split.geom.cols + 1);
+        for (std::size_t q = 0; q < t.pieces.size(); ++q)
+          f(sums.data() + static_cast<std::size_t>(t.cut_at) + q * w,
+            wire_.data() + base + static_cast<std::size_t>(t.pieces[q].matrix) * w, w);
+        base += static_cast<std::size_t>(t.split.geom.batch) * w;
+      }
+    };
+    each_piece([](const double* mine, double* slot, std::size_t w) { std::copy_n(mine, w, slot); });
+    placement_.add_over_ranks(wire_, exchanged_);
+    each_piece([](double* mine, const double* slot, std::size_t w) { std::copy_n(slot, w, mine); });
+  }
+
+  /// Every stepped clipped tensor's divisors, from its matrices' sums of u^2,
+  /// summed over processes where its clip scope spans them.
+  void exchange_clip() {
+    const std::span<const double> sums = backend_.clip_sums();
+    const std::span<float> divisors = backend_.divisors();
+    auto per_matrix = [&](const Tensor& t) { return settings_.hyper[tier_index(t.tier)].clip_scope == ClipScope::matrix; };
+    auto exchanged = [&](const Tensor& t) { return dist::exchange_bytes(t.split, true, per_matrix(t)).clip > 0; };
+    wire_.clear();
+    for (std::size_t i : stepped_) {
+      const Tensor& t = tensors_[i];
+      if (!t.clips || !exchanged(t)) continue;
+      const std::size_t base = wire_.size();
+      wire_.resize(base + static_cast<std::size_t>(t.split.geom.batch), 0.0);
+      for (std::size_t q = 0; q < t.pieces.size(); ++q)
+        wire_[base + static_cast<std::size_t>(t.pieces[q].matrix)] = sums[static_cast<std::size_t>(t.clip_at) + q];
+    }
+    placement_.add_over_ranks(wire_, exchanged_);
+    std::size_t at = 0;
+    for (std::size_t i : stepped_) {
+      const Tensor& t = tensors_[i];
+      if (!t.clips) continue;
+      const MatrixGeometry& g = t.split.geom;
+      matrix_sums_.assign(static_cast<std::size_t>(g.batch), 0.0);
+      if (exchanged(t)) {
+        std::copy_n(wire_.begin() + static_cast<std::ptrdiff_t>(at), g.batch, matrix_sums_.begin());
+        at += static_cast<std::size_t>(g.batch);
+      } else {
+        for (std::size_t q = 0; q < t.pieces.size(); ++q)
+          matrix_sums_[static_cast<std::size_t>(t.pieces[q].matrix)] = sums[static_cast<std::size_t>(t.clip_at) + q];
+      }
+      const StepScalars s = make_step_scalars(settings_.hyper[tier_index(t.tier)], 1);
+      const auto divisor = [&](double sum, index_t count) {
+        return visit_rule<Tiers>(t.tier, t.rank1, [&]<class Rule>() { return Rule::clip::divisor(sum, count, s); });
+      };
+      float whole = 1.0f;
+      if (!per_matrix(t)) {
+        double total = 0;
+        for (double v : matrix_sums_) total += v;
+        whole = divisor(total, g.numel());
+      }
+      for (std::size_t q = 0; q < t.pieces.size(); ++q)
+        divisors[static_cast<std::size_t>(t.clip_at) + q] =
+            per_matrix(t) ? divisor(matrix_sums_[static_cast<std::size_t>(t.pieces[q].matrix)], g.matrix_size()) : whole;
+    }
+    backend_.set_divisors();
+  }
+
+  Placement placement_;
+  Backend backend_;
+  std::vector<Tensor> tensors_;
+  index_t clip_count_ = 0;  ///< matrices of every tensor's pieces
+  index_t cut_count_ = 0;   ///< values of every cut piece's column sums and sum of R_i
+  // the last step
+  std::vector<std::size_t> stepped_;
+  bool any_cut_ = false;
+  StepSettings settings_{};
+  backend::Verdict verdict_{};
+  std::optional<double> norm_sq_;
+  index_t exchanged_ = 0;
+  std::vector<double> wire_, matrix_sums_;
+};
 
 }  // namespace skewadam

@@ -19,7 +19,7 @@
 // would leave non-finite values in the state for good.
 //
 //
-// How a CPU step detects it at almost no cost: backend/cpu/phases.hpp.
+// How a CPU step detects it at almost no cost: backend/cpu/cpu_backend.hpp.
 
 #include <cmath>
 #include <cstdio>

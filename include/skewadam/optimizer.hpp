@@ -21,22 +21,22 @@
 // default (OptimizerOptions::nonfinite, see nonfinite.hpp); last_step() says
 // what the last step did.
 //
-// On the CUDA backend step counts live on the device and step() returns
-// nothing and never waits for the GPU (unless the policy is raise, which must
-// throw from step()): a skipped step is skipped by the kernels themselves,
-// and last_step(), steps(), step_count() and export_state() read the
-// device's answer when called. capture_step() records a step in a CUDA graph
+// Step counts live with the backend (on the GPU for the CUDA backend), and
+// step() never waits for a device (unless the policy is raise, which must
+// throw from step()): a skipped step is skipped by the backend itself, and
+// last_step(), steps(), step_count() and export_state() read its answer when
+// called. On a backend with graphs (CUDA), capture_step() records a step
 // that replay() runs again, each replay a counted step.
 //
 // Where the state lives and how a step runs is the engine's business
-// (engine.hpp): Placement::engine<Tiers, Backend>. The default placement,
-// Local (placement/local.hpp), holds everything in this process, on the CPU
-// backend or, with skewadam/cuda.cuh, in GPU memory (cuda::Backend,
-// placement/local_cuda.hpp);
-// dist::Sharded<Comm> (placement/sharded.hpp, dist/sharded_optimizer.hpp)
-// shards the state over the ranks of a communicator. Members that only make
-// sense for one placement exist only for it (state() for Local; rank(),
-// pieces(), gather_params()... for Sharded).
+// (engine.hpp): Engine<Tiers, Backend, Placement>, the step skeleton over a
+// backend (backend/backend.hpp: the CPU backend, or with skewadam/cuda.cuh
+// the CUDA backend) and a placement: Local (placement/local.hpp) holds
+// everything in this process, dist::Sharded<Comm> (placement/sharded.hpp,
+// dist/sharded_optimizer.hpp) shards the state over the ranks of a
+// communicator. Members that only make sense for one placement exist only
+// for it (state() for Local; rank(), pieces(), gather_params()... for
+// Sharded).
 
 #include <array>
 #include <cmath>
@@ -65,6 +65,7 @@
 #include "param_state.hpp"
 #include "placement/local.hpp"
 #include "random.hpp"
+#include "rule_dispatch.hpp"
 #include "state_layout.hpp"
 #include "step_scalars.hpp"
 #include "tensor_view.hpp"
@@ -75,16 +76,16 @@
 namespace skewadam {
 
 namespace detail {
-/// An engine's graph_type, or an empty stand-in for engines without graphs.
+/// A backend's graph_type, or an empty stand-in for backends without graphs.
 struct NoGraph {};
-template <class E>
+template <class B>
 struct graph_of {
   using type = NoGraph;
 };
-template <class E>
-  requires requires { typename E::graph_type; }
-struct graph_of<E> {
-  using type = typename E::graph_type;
+template <class B>
+  requires requires { typename B::graph_type; }
+struct graph_of<B> {
+  using type = typename B::graph_type;
 };
 }  // namespace detail
 
@@ -94,17 +95,15 @@ class Optimizer : public TierSettings {
   using tiers = Tiers;
   using backend_type = Backend;
   using placement_type = Placement;
-  using engine_type = typename Placement::template engine<Tiers, Backend>;
+  using engine_type = Engine<Tiers, Backend, Placement>;
   using communicator_type = typename Placement::communicator_type;
   using Schedule = TierSettings::Schedule;
   static constexpr bool sharded = Placement::sharded;
-  static_assert(OptimizerEngine<engine_type>,
-                "Optimizer: Placement::engine<Tiers, Backend> does not provide the interface of engine.hpp");
-  /// Whether step counts live on the device (the CUDA engine): step() then
-  /// returns nothing and does not wait, last_step() reads the outcome.
-  static constexpr bool device_counts = counts_on_device<engine_type>;
-  /// A step captured by capture_step() (device_counts; else an empty type).
-  using StepGraph = typename detail::graph_of<engine_type>::type;
+  /// Whether steps can be captured and replayed (a backend with graphs, the
+  /// local placement).
+  static constexpr bool graphs = !sharded && requires { typename Backend::graph_type; };
+  /// A step captured by capture_step() (graphs; else an empty type).
+  using StepGraph = typename detail::graph_of<Backend>::type;
 
   // ------------------------------------------------------------ construction
   Optimizer() requires(!sharded) : Optimizer(Hyperparameters{}) {}
@@ -195,7 +194,7 @@ class Optimizer : public TierSettings {
     return e.step;
   }
 
-  /// A parameter's state, viewed in place (local placement; on the CUDA
+  /// A parameter's state, viewed in place (local placement; on a device
   /// backend the arrays are in device memory).
   ParamStateView state(ParamId id) const requires(!sharded) {
     ParamStateView v = engine_.view(index_of(id));
@@ -290,7 +289,7 @@ class Optimizer : public TierSettings {
         throw std::invalid_argument("state of '" + entries_[i].name + "': step = " + std::to_string(im.steps[i]) +
                                     " is outside 0.." + std::to_string(steps) + " (the optimizer's step count)");
     }
-    if constexpr (device_counts) engine_.stage_counts(im.staged, im.steps, steps);
+    engine_.stage_counts(im.staged, im.steps, steps);
     // commit: swaps and scalar copies only
     engine_.commit(std::move(im.staged));
     for (std::size_t i = 0; i < entries_.size(); ++i) {
@@ -326,14 +325,14 @@ class Optimizer : public TierSettings {
   double grad_norm() const {
     std::vector<StepItem> items;
     for (std::size_t i = 0; i < entries_.size(); ++i)
-      if (entries_[i].grad.present() && entries_[i].param.numel() > 0) items.push_back(item(i, nullptr));
+      if (entries_[i].grad.present() && entries_[i].param.numel() > 0) items.push_back(item(i));
     return std::sqrt(engine_.grad_sum_squares(items));
   }
 
   /// Clips the global gradient norm to max_norm for the next step, as
   /// torch.nn.utils.clip_grad_norm_ does (scale = min(max_norm / (norm + 1e-6), 1)),
   /// without writing the gradients: the scale is applied as they are read.
-  /// Returns the norm before clipping.
+  /// Returns the norm before clipping (it waits for a device).
   double clip_grad_norm(double max_norm) {
     detail::check_max_norm(max_norm);
     const double norm = grad_norm();
@@ -343,84 +342,57 @@ class Optimizer : public TierSettings {
   double pending_grad_scale() const noexcept { return grad_scale_; }
 
   /// From now on every step first clips the global gradient norm to max_norm,
-  /// exactly as clip_grad_norm(max_norm) before it would (0: off again). On
-  /// the CUDA backend the norm and the scale are formed on the device, so a
-  /// step still does not wait.
+  /// exactly as clip_grad_norm(max_norm) before it would (0: off again). The
+  /// norm and the scale are formed by the backend, so a step on a device
+  /// does not wait for them.
   void set_max_grad_norm(double max_norm) { max_grad_norm_ = checked_max_grad_norm(max_norm); }
   double max_grad_norm() const noexcept { return max_grad_norm_; }
   /// The global gradient norm (before clipping) of the last step that
-  /// clipped by max_grad_norm; NaN if none has. CUDA: waits for the device.
+  /// clipped by max_grad_norm; NaN if none has. Waits for a device.
   double last_grad_norm() const {
-    if constexpr (device_counts)
-      if (!last_norm_known_) {
-        last_norm_ = std::sqrt(engine_.clip_sum_squares());
-        last_norm_known_ = true;
-      }
+    if (!last_norm_known_) {
+      last_norm_ = std::sqrt(engine_.clip_sum_squares());
+      last_norm_known_ = true;
+    }
     return last_norm_;
   }
 
   // ------------------------------------------------------------------ step
-  /// Updates every parameter that has a gradient. Returns whether the step
-  /// was applied; under NonFinitePolicy::skip_step a step with an offending
-  /// gradient is skipped and the report names it (raise: throws instead).
-  /// Sharded: collective; every rank must have gradients for the same
-  /// parameters (else std::invalid_argument on every rank, nothing changes).
-  /// On the CUDA backend (device_counts) it returns nothing and does not
-  /// wait for the device; last_step() has the report. Under raise it waits
-  /// for the device's decision, to throw it.
-  std::conditional_t<device_counts, void, StepReport> step() {
-    if constexpr (device_counts) {
-      const PerTier<Hyperparameters> h = hyperparameters_at(has_schedule() ? steps() + 1 : 0);
-      gather_items();
-      engine_.step(items_, nonfinite_, settings(h));
-      if (max_grad_norm_ > 0) last_norm_known_ = false;
-      stepped();
-      if (nonfinite_ == NonFinitePolicy::raise) {
-        const StepReport& r = last_step();
-        if (!r.applied) throw NonFiniteGradientError(*r.nonfinite);
-      }
-    } else {
-      const PerTier<Hyperparameters> h = hyperparameters_at(steps_ + 1);
-      if (max_grad_norm_ > 0) last_norm_ = clip_grad_norm(max_grad_norm_);
-      items_.clear();
-      for (std::size_t i = 0; i < entries_.size(); ++i)
-        if (entries_[i].grad.present() && entries_[i].param.numel() > 0) items_.push_back(item(i, &h));
-      StepReport report;
-      if (std::optional<Offender> bad = engine_.step(items_, nonfinite_)) {
-        grad_scale_ = 1.0;
-        report.applied = false;
-        report.nonfinite = describe(*bad);
-        last_ = report;
-        if (nonfinite_ == NonFinitePolicy::raise) throw NonFiniteGradientError(*report.nonfinite);
-        return report;
-      }
-      for (const StepItem& it : items_) ++entries_[static_cast<std::size_t>(it.index)].step;
-      ++steps_;
-      grad_scale_ = 1.0;
-      last_ = report;
-      return report;
+  /// Updates every parameter that has a gradient. Under
+  /// NonFinitePolicy::skip_step a step with an offending gradient is skipped
+  /// and last_step() names it; under raise, step() throws instead (and so
+  /// waits for a device's answer). It does not wait for a device otherwise:
+  /// last_step() has the report. Sharded: collective; every rank must have
+  /// gradients for the same parameters (else std::invalid_argument on every
+  /// rank, nothing changes).
+  void step() {
+    const PerTier<Hyperparameters> h = hyperparameters_at(has_schedule() ? steps() + 1 : 0);
+    gather_items();
+    engine_.step(items_, nonfinite_, settings(h));
+    stepped();
+    if (nonfinite_ == NonFinitePolicy::raise) {
+      const StepReport& r = last_step();
+      if (!r.applied) throw NonFiniteGradientError(*r.nonfinite);
     }
   }
 
   /// What the last step did (applied, or skipped and why); before any step,
-  /// an applied report. On the CUDA backend it waits for the device.
+  /// an applied report. Waits for a device.
   const StepReport& last_step() const {
-    if constexpr (device_counts) {
-      if (!last_known_) {
-        const std::optional<Offender> bad = engine_.outcome();
-        last_ = StepReport{};
-        if (bad) {
-          last_.applied = false;
-          last_.nonfinite = describe(*bad);
-        }
-        last_known_ = true;
+    if (!last_known_) {
+      const std::optional<Offender> bad = engine_.outcome();
+      last_ = StepReport{};
+      if (bad) {
+        last_.applied = false;
+        last_.nonfinite = describe(*bad);
       }
+      last_known_ = true;
     }
     return last_;
   }
 
   /// Number of step() calls applied so far.
-  std::int64_t steps() const noexcept(!device_counts) {
+  std::int64_t steps() const {
     refresh_counts();
     return steps_;
   }
@@ -436,7 +408,7 @@ class Optimizer : public TierSettings {
   /// the device; it is refused once the optimizer's tables change (a
   /// parameter added, a gradient's dtype changed, a state imported). Not
   /// under NonFinitePolicy::raise, which needs the host inside every step.
-  StepGraph capture_step() requires device_counts {
+  StepGraph capture_step() requires graphs {
     if (nonfinite_ == NonFinitePolicy::raise)
       throw std::invalid_argument(
           "nonfinite policy: raise needs the host inside every step; a captured step can skip_step or be unchecked");
@@ -447,7 +419,7 @@ class Optimizer : public TierSettings {
   }
   /// Runs a step captured by capture_step() on the optimizer's stream: one
   /// more step, with the same report, counts and clipping as step().
-  void replay(const StepGraph& g) requires device_counts {
+  void replay(const StepGraph& g) requires graphs {
     if (g.policy() != nonfinite_)
       throw std::invalid_argument("graph: captured under nonfinite policy " +
                                   std::string(nonfinite_policy_name(g.policy())) + ", the optimizer's is now " +
@@ -469,14 +441,13 @@ class Optimizer : public TierSettings {
                                   "with the same dtype; capture again)");
     }
     engine_.replay(g, items_, settings(h));
-    if (max_grad_norm_ > 0) last_norm_known_ = false;
     stepped();
   }
   /// From now on each tier's lr is read from lr[tier_index] in device memory
   /// as each step (or replay) runs; null: from the hyperparameters again.
-  void set_lr_device(const double* lr) requires device_counts { engine_.set_lr_device(lr); }
-  /// Waits until every step enqueued so far has finished (device_counts).
-  void synchronize() const requires device_counts { engine_.synchronize(); }
+  void set_lr_device(const double* lr) requires graphs { engine_.backend().set_lr_device(lr); }
+  /// Waits until every step enqueued so far has finished (a device backend).
+  void synchronize() const requires requires(const Backend& b) { b.synchronize(); } { engine_.backend().synchronize(); }
 
   // ----------------------------------------------------------------- state
   /// Optimizer state bytes (docs/spec.md §2), total and per tier; sharded:
@@ -493,15 +464,17 @@ class Optimizer : public TierSettings {
     return b;
   }
   std::uint64_t seed() const noexcept { return seed_; }
+  /// Memory the backend holds besides the state (its scratch and tables).
+  index_t scratch_bytes() const noexcept { return engine_.scratch_bytes(); }
 
   /// The engine: the placement's and backend's own members.
   engine_type& engine() noexcept { return engine_; }
   const engine_type& engine() const noexcept { return engine_; }
 
   // ------------------------------------------------ sharded placement only
-  communicator_type& comm() const noexcept requires sharded { return engine_.comm(); }
-  int rank() const noexcept requires sharded { return engine_.rank(); }
-  int ranks() const noexcept requires sharded { return engine_.ranks(); }
+  communicator_type& comm() const noexcept requires sharded { return engine_.placement().comm(); }
+  int rank() const noexcept requires sharded { return engine_.placement().rank(); }
+  int ranks() const noexcept requires sharded { return engine_.placement().ranks(); }
   /// How the parameter is split over the ranks.
   decltype(auto) split(ParamId id) const requires sharded { return engine_.split(index_of(id)); }
   /// What this rank owns of it.
@@ -520,7 +493,12 @@ class Optimizer : public TierSettings {
   }
   void gather_param(ParamId id) requires sharded { engine_.gather_param(index_of(id), entry(id).param); }
   /// Every rank's state_bytes(), in rank order (collective).
-  std::vector<index_t> state_bytes_per_rank() requires sharded { return engine_.per_rank(state_bytes()); }
+  std::vector<index_t> state_bytes_per_rank() requires sharded {
+    const index_t mine = state_bytes();
+    std::vector<index_t> all(static_cast<std::size_t>(ranks()));
+    dist::all_gather_values<communicator_type, index_t>(comm(), std::span<const index_t>(&mine, 1), all);
+    return all;
+  }
   /// Bytes this rank put into the exchanges of its last step (it receives
   /// ranks() times as much): 32 bytes of agreement and non-finite check, then
   /// exchange_bytes() (shard_plan.hpp) of each stepped tensor. Parameters and
@@ -534,30 +512,29 @@ class Optimizer : public TierSettings {
     ParamView param;
     GradView grad;
     std::uint32_t id = 0;    ///< rounding stream
-    mutable std::int64_t step = 0;   ///< updates received (device_counts: once refresh_counts())
+    mutable std::int64_t step = 0;   ///< updates received (once refresh_counts())
   };
 
-  /// device_counts: reads the counts from the device once they may have changed.
+  /// Reads the counts from the engine once they may have changed.
   void refresh_counts() const {
-    if constexpr (device_counts) {
-      if (counts_known_) return;
-      std::vector<std::int64_t> c(entries_.size());
-      steps_ = engine_.counts(c);
-      for (std::size_t i = 0; i < entries_.size(); ++i) entries_[i].step = c[i];
-      counts_known_ = true;
-    }
+    if (counts_known_) return;
+    std::vector<std::int64_t> c(entries_.size());
+    steps_ = engine_.counts(c);
+    for (std::size_t i = 0; i < entries_.size(); ++i) entries_[i].step = c[i];
+    counts_known_ = true;
   }
-  /// After a step or replay was enqueued on a device_counts engine.
+  /// After a step or replay was enqueued.
   void stepped() noexcept {
     counts_known_ = false;
     last_known_ = false;
     grad_scale_ = 1.0;
+    if (max_grad_norm_ > 0) last_norm_known_ = false;
   }
-  /// items_: every parameter with a gradient, without scalars (device_counts).
+  /// items_: every parameter with a gradient.
   void gather_items() {
     items_.clear();
     for (std::size_t i = 0; i < entries_.size(); ++i)
-      if (entries_[i].grad.present() && entries_[i].param.numel() > 0) items_.push_back(item(i, nullptr));
+      if (entries_[i].grad.present() && entries_[i].param.numel() > 0) items_.push_back(item(i));
   }
   StepSettings settings(const PerTier<Hyperparameters>& h) const {
     StepSettings st;
@@ -579,22 +556,9 @@ class Optimizer : public TierSettings {
           "replays, or read the lr from device memory (set_lr_device)");
   }
 
-  /// The step item of entry i (its scalars when `h` is given).
-  StepItem item(std::size_t i, const PerTier<Hyperparameters>* h) const {
+  StepItem item(std::size_t i) const {
     const Entry& e = entries_[i];
-    StepItem it;
-    it.index = static_cast<index_t>(i);
-    it.tier = e.tier;
-    it.param = e.param;
-    it.grad = e.grad;
-    it.key.tensor = e.id;
-    if (h != nullptr) {
-      const std::int64_t t = e.step + 1;
-      it.scalars = make_step_scalars((*h)[e.tier], t, grad_scale_);
-      it.key = RoundingKey{seed_, e.id, static_cast<std::uint64_t>(t)};
-      it.scope = (*h)[e.tier].clip_scope;
-    }
-    return it;
+    return StepItem{static_cast<index_t>(i), e.tier, e.param, e.grad, e.id};
   }
 
   void check_header(const std::array<Hyperparameters, tier_count>& hyper, std::int64_t steps) const {
@@ -669,7 +633,7 @@ class Optimizer : public TierSettings {
   /// Registered parameters' memory: first byte -> (end, entry index).
   std::map<std::uintptr_t, std::pair<std::uintptr_t, index_t>> memory_;
   std::uint64_t seed_ = 0;
-  mutable std::int64_t steps_ = 0;  ///< device_counts: once refresh_counts()
+  mutable std::int64_t steps_ = 0;  ///< once refresh_counts()
   mutable bool counts_known_ = true;
   mutable StepReport last_;
   mutable bool last_known_ = true;

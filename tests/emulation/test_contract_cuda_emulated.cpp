@@ -13,8 +13,9 @@
 #include <vector>
 
 #include <skewadam/checkpoint.hpp>
-#include <skewadam/dist/sharded_checkpoint.hpp>
-#include <skewadam/placement/sharded_cuda.hpp>
+#include <skewadam/dist/sharded_optimizer.hpp>
+#include <skewadam/checkpoint.hpp>
+#include <skewadam/placement/sharded.hpp>
 #include <skewadam/eigen_view.hpp>
 #include <skewadam/skewadam.hpp>
 
@@ -53,11 +54,11 @@ struct EmulatedCudaSharded {
   }
   template <class Opt>
   static void save(Opt& opt, const std::filesystem::path& f) {
-    dist::save_checkpoint(opt, f);
+    save_checkpoint(opt, f);
   }
   template <class Opt>
   static void load(Opt& opt, const std::filesystem::path& f) {
-    dist::load_checkpoint(opt, f);
+    load_checkpoint(opt, f);
   }
 };
 

@@ -10,7 +10,7 @@
 #include <string>
 
 #include <skewadam/mpi/communicator.hpp>
-#include <skewadam/placement/sharded_cuda.hpp>
+#include <skewadam/placement/sharded.hpp>
 
 struct HostMemory {
   template <class T>

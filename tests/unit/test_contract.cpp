@@ -5,7 +5,8 @@
 #include <filesystem>
 #include <memory>
 
-#include <skewadam/dist/sharded_checkpoint.hpp>
+#include <skewadam/checkpoint.hpp>
+#include <skewadam/dist/sharded_optimizer.hpp>
 #include <skewadam/skewadam.hpp>
 
 namespace test_contract {
@@ -25,11 +26,11 @@ struct ShardedSelf {
   }
   template <class Opt>
   static void save(Opt& opt, const std::filesystem::path& f) {
-    dist::save_checkpoint(opt, f);
+    save_checkpoint(opt, f);
   }
   template <class Opt>
   static void load(Opt& opt, const std::filesystem::path& f) {
-    dist::load_checkpoint(opt, f);
+    load_checkpoint(opt, f);
   }
 };
 

@@ -60,12 +60,9 @@ void check_sum(Shape shape, int floored_rows, int threads) {
   t.d_partial = dp.empty() ? nullptr : dp.data();
   using Backend = backend::CpuBackend<Arch>;
   t.kernel = Backend::template kernels<Rule, float, float>();
-  std::vector<backend::Unit> units;
-  backend::append_units(t, 0, units);
   Backend be;
   be.set_threads(threads);
-  be.reserve_columns(g.cols);
-  be.run(std::span<const backend::TensorTask>(&t, 1), units);
+  be.run(std::span<const backend::TensorTask>(&t, 1));
 
   using S = typename Rule::second_moment;
   using M = typename Rule::momentum;

@@ -10,8 +10,8 @@
 #include <memory>
 
 #include <skewadam/dist/any_communicator.hpp>
-#include <skewadam/placement/local_cuda.hpp>
-#include <skewadam/placement/sharded_cuda.hpp>
+
+#include <skewadam/placement/sharded.hpp>
 #include <skewadam/torch/core.hpp>
 
 namespace skewadam_torch_test {

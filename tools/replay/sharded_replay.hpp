@@ -14,9 +14,10 @@
 #include <string>
 #include <vector>
 
-#include <skewadam/dist/sharded_checkpoint.hpp>
+#include <skewadam/checkpoint.hpp>
+#include <skewadam/dist/sharded_optimizer.hpp>
 #include <skewadam/mpi/communicator.hpp>
-#include <skewadam/placement/sharded_cuda.hpp>
+#include <skewadam/placement/sharded.hpp>
 #include <skewadam_tools/golden_case.hpp>
 
 namespace skewadam::tools {
@@ -73,7 +74,7 @@ ShardedReplayResult run_sharded_case(const GoldenCase& c, const ShardedReplayOpt
       throw CheckpointError(CheckpointError::Kind::mismatch, o.load + ": saved after step " +
                                                                  std::to_string(info.steps) + ", the case has " +
                                                                  std::to_string(c.steps) + " steps");
-    dist::load_checkpoint(opt, o.load, LoadOptions{.params = ParamValues::require});
+    load_checkpoint(opt, o.load, LoadOptions{.params = ParamValues::require});
     r.first = opt.steps();
   }
   if (o.stop_after) {
@@ -105,7 +106,7 @@ ShardedReplayResult run_sharded_case(const GoldenCase& c, const ShardedReplayOpt
   if (!s.v_col.empty()) r.run.state["v_col"] = s.v_col;
   r.state_bytes = opt.state_bytes_per_rank();
   if (!o.save.empty())
-    dist::save_checkpoint(opt, o.save, SaveOptions{.include_params = true, .metadata = {{o.case_key, c.name}}});
+    save_checkpoint(opt, o.save, SaveOptions{.include_params = true, .metadata = {{o.case_key, c.name}}});
   return r;
 }
 

@@ -1,8 +1,8 @@
 #pragma once
 // The gradient checks of NonFinitePolicy (nonfinite.hpp) on host memory: the
 // limit a gradient element must stay within, and scans for the first element
-// that does not. A CPU step uses them inside its passes (cpu/phases.hpp); a
-// sharded step scans the gradient slices it owns.
+// that does not. The CPU backend uses them inside its passes
+// (cpu/cpu_backend.hpp), on the pieces of the gradients it steps.
 //
 // A gradient element offends when, after global-norm scaling, it is NaN,
 // +-inf, or so large that its square would overflow the float second-moment

@@ -303,10 +303,7 @@ void load(Optimizer<Tiers, Backend, Placement>& opt, Source& src, const LoadOpti
     for (std::size_t i = 0; i < n; ++i) {
       const ParamView& pv = opt.param(ParamId{static_cast<index_t>(i)});
       if (values[i].empty()) continue;
-      if constexpr (std::remove_cvref_t<decltype(opt)>::engine_type::host_memory)
-        std::memcpy(pv.data, values[i].data(), values[i].size());
-      else
-        opt.engine().write_memory(pv.data, values[i].data(), values[i].size());
+      opt.engine().backend().write_memory(pv.data, values[i].data(), values[i].size());
     }
 }
 

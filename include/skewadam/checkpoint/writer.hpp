@@ -4,6 +4,7 @@
 // format.hpp.
 
 #include <cstddef>
+#include <optional>
 #include <cstdint>
 #include <exception>
 #include <span>
@@ -169,29 +170,27 @@ void save_with(const Optimizer<Tiers, Backend, Placement>& opt, Sink& sink, cons
   for (std::size_t i = 0; i < n; ++i) {
     const ParamId id{static_cast<index_t>(i)};
     w.record(tag_param, records[i]);
-    const auto held = fetch(id);
-    const ParamStateView s = arrays_of(held);
-    for (const auto& a : state_arrays(Tiers::layout(opt.tier(id)), opt.param(id).shape)) {
-      const std::span<const float> data = a.name == "m" ? s.m : a.name == "v" ? s.v : a.name == "v_row" ? s.v_row : s.v_col;
-      if (static_cast<index_t>(data.size()) != a.shape.numel())
-        throw std::logic_error("save_checkpoint: state array " + a.name + " of '" + opt.name(id) + "' has an unexpected size");
-      w.begin(tag_data, data.size() * 4);
-      w.elements(data.data(), data.size(), 4);
-      w.end();
-    }
+    fetch(id, [&](const ParamStateView& s) {
+      for (const auto& a : state_arrays(Tiers::layout(opt.tier(id)), opt.param(id).shape)) {
+        const std::span<const float> data =
+            a.name == "m" ? s.m : a.name == "v" ? s.v : a.name == "v_row" ? s.v_row : s.v_col;
+        if (static_cast<index_t>(data.size()) != a.shape.numel())
+          throw std::logic_error("save_checkpoint: state array " + a.name + " of '" + opt.name(id) +
+                                 "' has an unexpected size");
+        w.begin(tag_data, data.size() * 4);
+        w.elements(data.data(), data.size(), 4);
+        w.end();
+      }
+    });
     if (options.include_params) {
       const ParamView& pv = opt.param(id);
       const auto count = static_cast<std::size_t>(pv.numel());
       const auto elem = static_cast<std::size_t>(dtype_size(pv.dtype));
-      w.begin(tag_data, count * elem);
-      if constexpr (Optimizer<Tiers, Backend, Placement>::engine_type::host_memory) {
-        w.elements(pv.data, count, elem);
-      } else {
-        std::vector<unsigned char> host(count * elem);
-        opt.engine().read_memory(host.data(), pv.data, host.size());
-        w.elements(host.data(), count, elem);
-      }
-      w.end();
+      opt.engine().with_complete_param(static_cast<std::size_t>(id.index), pv, [&](const std::byte* bytes) {
+        w.begin(tag_data, count * elem);
+        w.elements(bytes, count, elem);
+        w.end();
+      });
     }
   }
   Encoder end;
@@ -199,13 +198,43 @@ void save_with(const Optimizer<Tiers, Backend, Placement>& opt, Sink& sink, cons
   w.record(tag_end, end.bytes());
 }
 
-/// Saves an optimizer of the local placement (its state is in this process).
-template <class Tiers, class Backend, class Sink>
-void save(const Optimizer<Tiers, Backend, Local>& opt, Sink& sink, const SaveOptions& options) {
-  save_with(opt, sink, options, [&](ParamId id) {
-    if constexpr (Optimizer<Tiers, Backend, Local>::engine_type::host_memory) return opt.state(id);
-    else return opt.engine().host_arrays(static_cast<std::size_t>(id.index));
-  });
+/// Saves `opt` (collective when sharded: every rank takes part, rank 0
+/// writes): each parameter's complete state is fetched in turn (gathered from
+/// its owners when sharded), so no process holds more than one complete
+/// tensor's state besides its own. A failure on rank 0 is raised as
+/// CheckpointError on every rank, after the gathers.
+template <class Tiers, class Backend, class Placement, class Sink, class Open, class Commit>
+void save(const Optimizer<Tiers, Backend, Placement>& opt, const SaveOptions& options, Open&& open, Commit&& commit) {
+  const auto fetch = [&](ParamId id, auto&& f) {
+    opt.engine().with_complete_arrays(static_cast<std::size_t>(id.index), f);
+  };
+  std::string failure;
+  if (opt.engine().placement().rank() == 0) {
+    std::optional<Sink> target;
+    GuardedSink<Sink> sink(nullptr);
+    try {
+      open(target);
+      sink = GuardedSink<Sink>(&*target);
+    } catch (const std::exception& e) {
+      sink.fail(e.what());
+    }
+    save_with(opt, sink, options, fetch);
+    failure = sink.failure();
+    if (failure.empty()) {
+      try {
+        commit(*target);
+      } catch (const std::exception& e) {
+        failure = e.what();
+        if (failure.empty()) failure = "saving failed";
+      }
+    }
+  } else {
+    NullSink sink;
+    save_with(opt, sink, options, fetch);
+  }
+  opt.engine().placement().agree_on_failure(failure);
+  if (!failure.empty())
+    throw CheckpointError(CheckpointError::Kind::io, (Placement::sharded ? "rank 0: " : "") + failure);
 }
 
 }  // namespace skewadam::detail::ckpt

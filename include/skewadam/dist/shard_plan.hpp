@@ -145,12 +145,13 @@ inline index_t shard_state_bytes(const TensorSplit& s, StateLayout layout, int r
   return b;
 }
 
-/// Bytes one rank puts into the step's two exchanges (sharded_optimizer.hpp),
-/// for one tensor: every rank gathers `ranks` times this.
-///   statistics exchange: per cut factored matrix, c column sums (float) and
-///                        the sum of its R_i (double)
-///   clip exchange:       per matrix, this rank's sum of u^2 (double), when the
-///                        clip needs a sum over ranks
+/// Bytes one rank puts into the step's two exchanges (placement/sharded.hpp),
+/// for one tensor: every rank gathers `ranks` times this. One wire format,
+/// double:
+///   statistics exchange: per cut factored matrix, its c column sums of g^2
+///                        and the sum of its R_i
+///   clip exchange:       per matrix, this rank's sum of u^2, when the clip
+///                        needs a sum over ranks
 struct ExchangeBytes {
   index_t statistics = 0;
   index_t clip = 0;
@@ -159,7 +160,7 @@ struct ExchangeBytes {
 inline ExchangeBytes exchange_bytes(const TensorSplit& s, bool clip_active, bool scope_per_matrix) {
   ExchangeBytes b;
   if (s.geom.numel() == 0) return b;
-  if (s.factored && s.cuts_matrices()) b.statistics = s.geom.batch * (4 * s.geom.cols + 8);
+  if (s.factored && s.cuts_matrices()) b.statistics = s.geom.batch * 8 * (s.geom.cols + 1);
   const bool needs_clip_sum =
       clip_active && (s.cuts_matrices() || (s.split == Split::matrices && !scope_per_matrix && s.ranks > 1));
   if (needs_clip_sum) b.clip = 8 * s.geom.batch;

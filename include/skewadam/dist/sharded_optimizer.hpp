@@ -16,7 +16,7 @@
 // gradient-norm clipping, schedules, export/import) is the same as in one
 // process. A rank keeps state only for what it owns (shard_plan.hpp).
 //
-// Checkpoints are the single-process format (dist/sharded_checkpoint.hpp), so
+// Checkpoints are the single-process format (checkpoint.hpp, collective), so
 // a run saved with N ranks resumes with M ranks, or in one process.
 
 #include "../backend/cpu/cpu_backend.hpp"

@@ -28,13 +28,13 @@
 #include "../checkpoint.hpp"
 #include "../dist/any_communicator.hpp"
 #include "../dist/shard_plan.hpp"
-#include "../dist/sharded_checkpoint.hpp"
 #include "../hyperparameters.hpp"
 #include "../nonfinite.hpp"
 #include "../optimizer.hpp"
 #include "../optimizer_options.hpp"
 #include "../optimizer_state.hpp"
 #include "../param_state.hpp"
+#include "../placement/sharded.hpp"
 #include "../tensor_view.hpp"
 #include "../tier.hpp"
 
@@ -77,8 +77,6 @@ class Core {
   /// Loads a checkpoint's state (not parameter values); all or nothing.
   /// Sharded: collective, every rank passes the same bytes.
   virtual void load(std::span<const std::byte> bytes) = 0;
-  /// Whether step counts live on the device (reading them waits for it).
-  virtual bool counts_on_device() const noexcept = 0;
   /// Before each step: a device engine follows the framework's current stream.
   virtual void before_step() {}
   virtual int rank() const noexcept { return 0; }
@@ -104,13 +102,9 @@ class CoreOf : public Core {
   void clear_grad(ParamId id) override { opt_.clear_grad(id); }
   void clear_grads() noexcept override { opt_.clear_grads(); }
   void step() override {
-    if constexpr (Opt::device_counts) {
-      opt_.step();
-    } else {
-      const StepReport r = opt_.step();
-      if constexpr (Opt::sharded) {
-        if (r.applied) opt_.gather_params();  // every rank: the complete parameters
-      }
+    opt_.step();
+    if constexpr (Opt::sharded) {
+      if (opt_.last_step().applied) opt_.gather_params();  // every rank: the complete parameters
     }
   }
   const StepReport& last_step() const override { return opt_.last_step(); }
@@ -127,16 +121,10 @@ class CoreOf : public Core {
   bool has_grad(ParamId id) const override { return opt_.grad(id).present(); }
   OptimizerState export_state() const override { return opt_.export_state(); }
   void import_state(OptimizerState state) override { opt_.import_state(std::move(state)); }
-  std::vector<std::byte> checkpoint() override {
-    if constexpr (Opt::sharded) return dist::checkpoint_bytes(opt_);
-    else return checkpoint_bytes(opt_);
-  }
+  std::vector<std::byte> checkpoint() override { return checkpoint_bytes(opt_); }
   void load(std::span<const std::byte> bytes) override {
-    const LoadOptions options{.params = ParamValues::ignore};
-    if constexpr (Opt::sharded) dist::load_checkpoint(opt_, bytes, options);
-    else load_checkpoint(opt_, bytes, options);
+    load_checkpoint(opt_, bytes, LoadOptions{.params = ParamValues::ignore});
   }
-  bool counts_on_device() const noexcept override { return Opt::device_counts; }
   int rank() const noexcept override {
     if constexpr (Opt::sharded) return opt_.rank();
     else return 0;
@@ -173,9 +161,9 @@ class DeviceCore final : public CoreOf<Opt> {
   }
   void before_step() override {
     const auto current = Device::current_stream(device_);
-    if (current != this->optimizer().engine().stream()) {
+    if (current != this->optimizer().engine().backend().stream()) {
       const typename Device::Guard g(device_);
-      this->optimizer().engine().set_stream(current);  // (waits for the steps on the previous one)
+      this->optimizer().engine().backend().set_stream(current);  // (waits for the steps on the previous one)
     }
   }
   void step() override {

@@ -463,19 +463,10 @@ class Optimizer : public ::torch::optim::Optimizer {
       throw;
     }
     core_->clear_grads();
-    if (!core_->counts_on_device()) grad_copies_.clear();  // the CPU step is done with them
-    if (core_->counts_on_device()) {
-      // the counts stay on the device: a parameter that had a gradient is
-      // taken as written (param_state() and last_step() read the answer)
-      for (Param& p : params_)
-        if (p.stepping) p.tensor.unsafeGetTensorImpl()->bump_version();
-      return loss;
-    }
-    for (Param& p : params_) {
-      const std::int64_t s = core_->step_count(p.id);
-      if (s != p.state->step) p.tensor.unsafeGetTensorImpl()->bump_version();  // written in place
-      p.state->step = s;
-    }
+    // a parameter that had a gradient is taken as written (the step may still
+    // be running on a device; param_state() and last_step() read its answer)
+    for (Param& p : params_)
+      if (p.stepping) p.tensor.unsafeGetTensorImpl()->bump_version();
     return loss;
   }
 

@@ -7,7 +7,7 @@
 // a wait while capturing throws std::logic_error, as they would break a CUDA
 // graph (or be illegal in one); waits() counts the calls that would wait for
 // a GPU, so that tests can show a step waits for none. With it the CUDA
-// engine (placement/local_cuda.hpp) and its kernels run, unchanged, on
+// backend (backend/cuda/cuda_backend.hpp) and its kernels run, unchanged, on
 // machines without a GPU (the tests, skewadam-replay --backend cuda-emulated):
 //
 //   skewadam::Optimizer<skewadam::SkewAdamTiers, skewadam::backend::CudaBackend<emu::Runtime>> opt(h);
@@ -24,7 +24,6 @@
 #include <vector>
 
 #include <skewadam/backend/cuda/cuda_backend.hpp>
-#include <skewadam/placement/local_cuda.hpp>
 
 namespace emu {
 

@@ -55,7 +55,7 @@
 // sums and D_j of the block are folded into double arrays (the thread's
 // Scratch::d); a unit's partials are rounded to fp32 once, at its end.
 //
-// Determinism: the work is cut by shape (backend/work.hpp); per-unit partials
+// Determinism: the work is cut by shape (backend/cpu/work.hpp); per-unit partials
 // are combined in unit order, so the bits do not depend on thread count.
 
 #include <algorithm>
@@ -64,9 +64,9 @@
 
 #include "../../config.hpp"
 #include "../../update_rule.hpp"
-#include "../work.hpp"
 #include "simd.hpp"
 #include "summation.hpp"
+#include "work.hpp"
 
 namespace skewadam::backend::cpu {
 
@@ -82,7 +82,7 @@ struct Kernels {
   using Rng = std::conditional_t<std::is_same_v<Arch, ScalarArch>, RandomStream, RandomWindow<Arch>>;
 
   static const KernelTable* table() {
-    static constexpr KernelTable t{&statistics, &finalize, (S::factored || C::active) ? &apply : nullptr};
+    static constexpr KernelTable t{&statistics, &finalize, (S::factored || C::active) ? &apply : nullptr, &finish};
     return &t;
   }
 
@@ -300,14 +300,20 @@ struct Kernels {
 
   /// Finishes matrix b from nb row-block partials (colsum[k*c..], d[k*c..]):
   /// C_j, vbar, and sum(u^2) with floored rows handled exactly. `scratch`
-  /// gives room for c floats and c doubles.
-  static void finalize_matrix(const TensorTask& t, index_t b, float* colsum, float* d, index_t nb, Scratch scratch) {
+  /// gives room for c floats and c doubles. A cut task's C_j and vbar come
+  /// from `totals` instead (c column sums, then the sum of R_i, of the whole
+  /// matrix of t.full_rows rows), its sum of u^2 from its own rows.
+  static void finalize_matrix(const TensorTask& t, index_t b, float* colsum, float* d, index_t nb, Scratch scratch,
+                              const double* totals = nullptr) {
     const Ctx x(t);
     const StepScalars& s = x.s;
     const index_t r = x.rows;
     const index_t c = x.cols;
-    const float fr = static_cast<float>(r);
-    if (nb > 1)
+    const index_t all_rows = totals != nullptr ? t.full_rows : r;
+    const float fr = static_cast<float>(all_rows);
+    if (totals != nullptr)
+      for (index_t j = 0; j < c; ++j) colsum[j] = static_cast<float>(totals[j]);
+    else if (nb > 1)
       for (index_t j = 0; j < c; ++j) {
         double sum = 0;
         for (index_t k = 0; k < nb; ++k) sum += static_cast<double>(colsum[k * c + j]);
@@ -317,8 +323,9 @@ struct Kernels {
     for (index_t j = 0; j < c; ++j) cs[j] = S::update_statistic(cs[j], colsum[j] / fr, s);
 
     const float* rs = t.v_row + b * r;
-    const double sum_r = wide_sum(r, [&](index_t i) { return static_cast<double>(rs[i]); });
-    const float vbar = S::vbar(static_cast<float>(sum_r / static_cast<double>(r)));
+    const double sum_r =
+        totals != nullptr ? totals[c] : wide_sum(r, [&](index_t i) { return static_cast<double>(rs[i]); });
+    const float vbar = S::vbar(static_cast<float>(sum_r / static_cast<double>(all_rows)));
     MatrixScratch& ms = t.matrices[b];
     ms.vbar = vbar;
     if constexpr (C::active) {
@@ -373,7 +380,7 @@ struct Kernels {
   static void statistics(const TensorTask& t, const Unit& unit, Scratch scratch) {
     if constexpr (S::factored) {
       const index_t c = t.geom.cols;
-      if (t.row_blocks > 1) {
+      if (t.row_blocks > 1 || t.cut) {
         float* col = t.col_partial + unit.block * c;
         float* d = t.d_partial + unit.block * c;
         factored_rows(t, unit.matrix, unit.begin, unit.end, col, d, scratch.d);
@@ -420,6 +427,10 @@ struct Kernels {
   static void apply(const TensorTask& t, const Unit& unit, Scratch scratch) {
     if constexpr (S::factored) factored_apply(t, unit, scratch.f);
     else elementwise_apply(t, unit);
+  }
+
+  static void finish(const TensorTask& t, const double* totals, Scratch scratch) {
+    if constexpr (S::factored) finalize_matrix(t, 0, t.col_partial, t.d_partial, t.row_blocks, scratch, totals);
   }
 };
 

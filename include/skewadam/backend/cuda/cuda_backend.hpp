@@ -1,102 +1,717 @@
 #pragma once
-// CudaBackend<Runtime>: the CUDA backend. Its kernels (kernels.cuh,
-// check_kernels.cuh) walk device memory; the runtime under it allocates that
-// memory, copies to and from the host and launches the kernels:
+// CudaBackend<R>: the CUDA backend (backend/backend.hpp) over a runtime R
+// (device_memory.hpp): every piece's state, its scratch and the step's tables
+// live in the runtime's (device) memory, and a pass is a handful of kernel
+// launches (kernels.cuh, check_kernels.cuh, step_control.cuh) per group of
+// pieces sharing a rule and dtypes (passes.hpp), enqueued on one stream:
 //
-//   R::stream_type                        what a step is ordered on
-//   R::allocate(bytes) -> void*           device memory (throws std::runtime_error)
-//   R::release(p) noexcept
-//   R::zero(p, bytes, stream)             in stream order
-//   R::to_device(dst, src, bytes, stream) from pageable host memory, in stream
-//                                         order; src may be reused at return
-//   R::to_host(dst, src, bytes, stream)   waits for the stream, then copies
-//   R::synchronize(stream)
-//   R::check_device_memory(p, who)        std::invalid_argument naming who
-//                                         unless p is the runtime's memory
-//   R::template launch<&kernel<...>>(grid, threads, stream, args...)
-//   R::graph_type                         launches captured for replay
-//   R::begin_capture(stream)              from here on the stream's launches
-//                                         are recorded, not run; copies and
-//                                         waits are errors until
-//   R::end_capture(stream) -> graph_type  (or R::abort_capture(stream) noexcept)
-//   R::launch_graph(graph, stream)        runs the recorded launches again
+//   prepare    uploads only what changed since the last step, from pageable
+//              memory in stream order: the piece table (gradient pointers,
+//              rounding streams), the stepped tensors, the StepControl
+//              (hyperparameters, global-norm scale or norm, seed); usually
+//              nothing
+//   begin      (settings.max_norm) squares_kernel and total_kernel: the sum
+//              of g^2, from which begin_step_kernel forms the scale; then
+//              begin_step_kernel: every stepped piece's scalars and rounding
+//              key from its tensor's count on the device
+//   check      scan_kernel and decide_kernel: an offending gradient sets every
+//              piece's skip flag and the step's outcome on the device, so the
+//              later passes leave the step alone; the host learns it when it
+//              asks (resolve, outcome)
+//   statistics, finish, apply   the groups' launches (passes.hpp)
+//   count      end_step_kernel: the counts of an applied step advance
 //
-// backend::cuda::DeviceRuntime (runtime.cuh, compiled by nvcc) is the CUDA
-// runtime; the emulated runtime (tools/common/skewadam_tools/
-// emulated_runtime.hpp) runs the same kernels on the host, so that
-// everything above the runtime is tested on machines without a GPU.
+// Registration allocates and waits for the device; a step waits for nothing
+// unless the placement reads a host value (a sharded step's exchanges), so
+// under the local placement a step can be captured in a graph (capture());
+// a replay is one more step, counted on the device like any other.
 //
-// The engine that uses it is the local placement's (placement/local_cuda.hpp).
+// Work lists are cut by shape only, when a tensor is registered; a tensor
+// changes group only when its gradient's dtype changes (fp32 or the
+// parameter's own), which rebuilds the lists once (and waits for the device,
+// as the old lists may still be read).
 
-#include <concepts>
+#include <algorithm>
+#include <array>
 #include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
+
+#include "../../config.hpp"
+#include "../../dtype.hpp"
+#include "../../engine_types.hpp"
+#include "../../nonfinite.hpp"
+#include "../../optimizer_options.hpp"
+#include "../../param_state.hpp"
+#include "../backend.hpp"
+#include "../gradient_check.hpp"
+#include "check_kernels.cuh"
+#include "device_memory.hpp"
+#include "kernels.cuh"
+#include "passes.hpp"
+#include "step_control.cuh"
 
 namespace skewadam::backend {
 
-namespace cuda {
-
-/// The runtime members listed above (launch aside, which is a template).
 template <class R>
-concept Runtime = requires(void* p, const void* cp, std::size_t n, typename R::stream_type s, const std::string& who,
-                           const typename R::graph_type& g) {
-  { R::allocate(n) } -> std::same_as<void*>;
-  { R::release(p) } noexcept;
-  R::zero(p, n, s);
-  R::to_device(p, cp, n, s);
-  R::to_host(p, cp, n, s);
-  R::synchronize(s);
-  R::check_device_memory(cp, who);
-  R::begin_capture(s);
-  { R::end_capture(s) } -> std::same_as<typename R::graph_type>;
-  { R::abort_capture(s) } noexcept;
-  R::launch_graph(g, s);
-};
+class CudaBackend {
+  static_assert(cuda::Runtime<R>, "CudaBackend<R>: R lacks a member of the runtime interface (device_memory.hpp)");
+  using Stream = typename R::stream_type;
+  template <class T>
+  using Array = cuda::DeviceArray<R, T>;
+  using Mem = cuda::DeviceMemory<R>;
+  using WorkItem = cuda::WorkItem;
+  using DeviceTask = cuda::DeviceTask;
+  using Passes = cuda::GroupPasses<R>;
 
-/// n values of T in the runtime's memory; frees itself; movable, not copied.
-template <class R, class T>
-class DeviceArray {
+  /// A tensor's share of the state, in device memory: its pieces' arrays concatenated.
+  struct Shares {
+    Array<float> m, v, v_row, v_col;
+  };
+
  public:
-  DeviceArray() = default;
-  explicit DeviceArray(std::size_t n) : n_(n) {
-    if (n_ > 0) p_ = static_cast<T*>(R::allocate(n_ * sizeof(T)));
+  using runtime = R;
+  static constexpr bool host_memory = false;
+  using kernels_type = const Passes*;
+  template <class Rule, class P, class G>
+  static kernels_type kernels() {
+    return cuda::passes_of<R, Rule, P, G>();
   }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  DeviceArray(DeviceArray&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  DeviceArray& operator=(DeviceArray&& o) noexcept {
-    if (this != &o) {
-      reset();
-      p_ = std::exchange(o.p_, nullptr);
-      n_ = std::exchange(o.n_, 0);
+
+  /// An import's arrays and counts, in device memory until commit().
+  struct staged_type {
+    std::vector<std::optional<Shares>> shares;
+    Array<std::int64_t> counts;
+  };
+
+  /// A step captured for replay, with what it was captured against.
+  class graph_type {
+    friend class CudaBackend;
+    typename R::graph_type graph_{};
+    std::uint64_t generation_ = 0;
+    std::vector<const void*> grads_;
+    std::vector<kernels_type> kernels_;
+    NonFinitePolicy policy_ = NonFinitePolicy::skip_step;
+    bool clips_ = false;
+
+   public:
+    NonFinitePolicy policy() const noexcept { return policy_; }
+    /// Whether it clips the global gradient norm itself (StepSettings::max_norm).
+    bool clips_each_step() const noexcept { return clips_; }
+  };
+
+  explicit CudaBackend(const OptimizerOptions& options)
+      : stream_(static_cast<Stream>(options.stream)), control_d_(1), outcome_(1), norm_sq_(1) {
+    tables_ = build_tables({0});
+    R::zero(outcome_.data(), outcome_.bytes(), stream_);
+    R::zero(norm_sq_.data(), norm_sq_.bytes(), stream_);
+    R::synchronize(stream_);
+  }
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+  ~CudaBackend() {
+    if (tensors_.empty()) return;
+    try {
+      R::synchronize(stream_);
+    } catch (...) {  // a destructor reports nothing; the memory is freed regardless
     }
-    return *this;
   }
-  ~DeviceArray() { reset(); }
 
-  T* data() const noexcept { return p_; }
-  std::size_t size() const noexcept { return n_; }
-  bool empty() const noexcept { return n_ == 0; }
-  std::size_t bytes() const noexcept { return n_ * sizeof(T); }
-
-  void reset() noexcept {
-    if (p_ != nullptr) R::release(p_);
-    p_ = nullptr;
-    n_ = 0;
+  // -------------------------------------------------------------- stream
+  /// From now on steps are ordered on s; waits for the steps enqueued so far.
+  /// (A graph captured before keeps running on the stream it is replayed on.)
+  void set_stream(Stream s) {
+    R::synchronize(stream_);
+    stream_ = s;
   }
+  Stream stream() const noexcept { return stream_; }
+  /// Waits until every enqueued step has finished.
+  void synchronize() const { R::synchronize(stream_); }
+  /// From now on each tier's lr is read from lr[tier_index] in device memory
+  /// as each step runs (so that a captured step follows it); null: from the
+  /// hyperparameters again.
+  void set_lr_device(const double* lr) {
+    if (lr != nullptr) R::check_device_memory(lr, "lr (device)");
+    lr_device_ = lr;
+  }
+  void set_threads(int) noexcept {}
+  int threads() const noexcept { return 1; }
+
+  // -------------------------------------------------------------- memory
+  void check_memory(std::string_view name, const ParamView& p, const GradView& g) const { Mem::check(name, p, g); }
+  /// Bytes between device memory and the host (in stream order; both wait).
+  void read_memory(void* host, const void* device, std::size_t n) const { Mem::read(host, device, n, stream_); }
+  void write_memory(void* device, const void* host, std::size_t n) { Mem::write(device, host, n, stream_); }
+  /// f(bytes) on a host copy of n bytes of device memory at p, written back
+  /// when `write_back`.
+  template <class F>
+  void with_host_bytes(void* p, std::size_t n, bool write_back, F&& f) {
+    std::vector<std::byte> host(n);
+    read_memory(host.data(), p, n);
+    f(host.data());
+    if (write_back) write_memory(p, host.data(), n);
+  }
+
+  // -------------------------------------------------------- registration
+  void add(const TensorRegistration& reg, std::span<const PieceSpec> specs, std::array<kernels_type, 2> kernels) {
+    Tensor e;
+    e.kernels = kernels;
+    e.ops = kernels[0];
+    const auto index = static_cast<std::int32_t>(tensors_.size());
+    std::size_t elems = 0, rows = 0, cols = 0;
+    std::vector<cuda::ScratchSizes> sizes;
+    cuda::ScratchSizes total;
+    for (const PieceSpec& spec : specs) {
+      DeviceTask d;
+      d.geom = spec.geom;
+      d.param = static_cast<char*>(reg.param.data) + spec.first * dtype_size(reg.param.dtype);
+      d.element_base = spec.first;
+      d.tier = tier_index(reg.tier);
+      d.tensor = index;
+      d.host_divisors = spec.host_divisors ? 1 : 0;
+      if (spec.factored) {
+        d.row_blocks = cuda::row_blocks_of(d.geom);
+        if (spec.cut) d.full_rows = spec.full_rows;
+      } else {
+        d.chunks = cuda::chunks_of(d.geom);
+      }
+      // each piece's scratch 64-byte aligned (the quad walks load its column
+      // partials as 16-byte quads)
+      cuda::ScratchSizes sz = cuda::scratch_sizes(d, spec.factored);
+      sz.floats = (sz.floats + 15) / 16 * 16;
+      sz.doubles = (sz.doubles + 7) / 8 * 8;
+      sizes.push_back(sz);
+      total.floats += sz.floats;
+      total.doubles += sz.doubles;
+      total.counters += sz.counters;
+      e.limit = gradient_limit(MatrixGeometry{1, spec.full_rows, spec.geom.cols}, spec.factored);
+      e.pieces.push_back(Piece{spec, d, elems, rows, cols});
+      elems += static_cast<std::size_t>(spec.geom.numel());
+      if (spec.factored) {
+        rows += static_cast<std::size_t>(spec.geom.batch * spec.geom.rows);
+        cols += static_cast<std::size_t>(spec.geom.batch * spec.geom.cols);
+      }
+    }
+    if (!specs.empty()) {
+      if (reg.layout.momentum) Mem::zeroed(e.state.m, elems, stream_);
+      if (specs.front().factored) {
+        Mem::zeroed(e.state.v_row, rows, stream_);
+        Mem::zeroed(e.state.v_col, cols, stream_);
+      } else {
+        Mem::zeroed(e.state.v, elems, stream_);
+      }
+    }
+    e.scratch_f = Array<float>(total.floats);
+    e.scratch_d = Array<double>(total.doubles);
+    if (total.counters > 0) Mem::zeroed(e.done, total.counters, stream_);
+    std::size_t f = 0, x = 0, k = 0;
+    for (std::size_t q = 0; q < e.pieces.size(); ++q) {
+      cuda::place_scratch(e.pieces[q].task, e.pieces[q].spec.factored, e.scratch_f.data() + f,
+                          e.scratch_d.data() + x, e.done.data() + k);
+      f += sizes[q].floats;
+      x += sizes[q].doubles;
+      k += sizes[q].counters;
+    }
+    point_state(e);
+    std::vector<std::int64_t> counts(tensors_.size() + 1);
+    R::to_host(counts.data(), tables_.counts.data(), tables_.counts.bytes(), stream_);
+    counts.insert(counts.end() - 1, 0);  // the new tensor's, before the optimizer's
+    tensors_.push_back(std::move(e));
+    try {
+      Tables next = build_tables(counts);
+      R::synchronize(stream_);  // the zeroing and the tables' uploads
+      undo_ = std::move(tables_);
+      tables_ = std::move(next);
+      ++generation_;
+    } catch (...) {
+      tensors_.pop_back();
+      throw;
+    }
+  }
+  void pop_back() noexcept {
+    tensors_.pop_back();
+    tables_ = std::move(undo_);
+    ++generation_;
+  }
+
+  // ---------------------------------------------------------------- state
+  ParamStateView view(std::size_t i) const {
+    const Shares& s = tensors_[i].state;
+    return {Mem::view(s.m), Mem::view(s.v), Mem::view(s.v_row), Mem::view(s.v_col), 0};
+  }
+  ParamState share(std::size_t i) const {
+    const Shares& d = tensors_[i].state;
+    ParamState s;
+    Mem::download(d.m, s.m, stream_);
+    Mem::download(d.v, s.v, stream_);
+    Mem::download(d.v_row, s.v_row, stream_);
+    Mem::download(d.v_col, s.v_col, stream_);
+    return s;
+  }
+  staged_type stage_begin() const {
+    staged_type s;
+    s.shares.resize(tensors_.size());
+    return s;
+  }
+  void stage(staged_type& staged, std::size_t i, ParamState&& share) const {
+    Shares d;
+    Mem::upload(d.m, share.m, stream_);
+    Mem::upload(d.v, share.v, stream_);
+    Mem::upload(d.v_row, share.v_row, stream_);
+    Mem::upload(d.v_col, share.v_col, stream_);
+    R::synchronize(stream_);  // the host copies are freed at return
+    staged.shares[i] = std::move(d);
+  }
+  void stage_counts(staged_type& staged, std::span<const std::int64_t> counts, std::int64_t steps) const {
+    std::vector<std::int64_t> all(counts.begin(), counts.end());
+    all.push_back(steps);
+    Mem::upload(staged.counts, all, stream_);
+    R::synchronize(stream_);
+  }
+  /// Swaps the staged arrays in (the old ones are freed with `staged`).
+  void commit(staged_type&& staged) noexcept {
+    if (!staged.counts.empty()) std::swap(tables_.counts, staged.counts);
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      if (!staged.shares[i]) continue;
+      Tensor& e = tensors_[i];
+      std::swap(e.state, *staged.shares[i]);
+      point_state(e);
+      for (const Piece& p : e.pieces) {
+        DeviceTask& d = tables_.tasks[static_cast<std::size_t>(p.at)];
+        d.m = p.task.m;
+        d.v = p.task.v;
+        d.v_row = p.task.v_row;
+        d.v_col = p.task.v_col;
+      }
+    }
+    tables_.tasks_dirty = true;
+    ++generation_;  // a graph reads the arrays and counts it was captured with
+  }
+  /// Every tensor's count into out and the applied steps; waits for the device.
+  std::int64_t counts(std::span<std::int64_t> out) const {
+    std::vector<std::int64_t> all(tensors_.size() + 1);
+    R::to_host(all.data(), tables_.counts.data(), all.size() * sizeof(std::int64_t), stream_);
+    std::copy(all.begin(), all.end() - 1, out.begin());
+    return all.back();
+  }
+  index_t state_bytes(std::size_t i) const noexcept {
+    const Shares& s = tensors_[i].state;
+    return static_cast<index_t>(s.m.bytes() + s.v.bytes() + s.v_row.bytes() + s.v_col.bytes());
+  }
+  index_t scratch_bytes() const noexcept {
+    std::size_t b = control_d_.bytes() + outcome_.bytes() + norm_sq_.bytes();
+    for (const Tensor& e : tensors_) b += e.scratch_f.bytes() + e.scratch_d.bytes() + e.done.bytes();
+    const Tables& t = tables_;
+    b += t.d_tasks.bytes() + t.d_steps.bytes() + t.counts.bytes() + t.d_stepped.bytes() + t.check_items.bytes() +
+         t.grad_tasks.bytes() + t.first.bytes() + t.value.bytes() + t.partial.bytes() + t.sums.bytes() +
+         t.divisors.bytes() + t.cut.bytes();
+    for (const Group& g : t.groups) b += g.items.bytes() + g.ids.bytes();
+    return static_cast<index_t>(b);
+  }
+
+  // ----------------------------------------------------------------- step
+  /// Uploads what a step of `items` needs that changed since the last one.
+  void prepare(std::span<const StepItem> items, const StepSettings& settings) {
+    regroup(items);
+    Tables& t = tables_;
+    grads_.assign(tensors_.size(), nullptr);
+    grad_sizes_.assign(tensors_.size(), 0);
+    std::vector<int> stepped(tensors_.size(), 0);
+    for (const StepItem& it : items) {
+      const auto i = static_cast<std::size_t>(it.index);
+      stepped[i] = 1;
+      grads_[i] = it.grad.data;
+      grad_sizes_[i] = dtype_size(it.grad.dtype);
+      for (const Piece& p : tensors_[i].pieces) {
+        DeviceTask& d = t.tasks[static_cast<std::size_t>(p.at)];
+        if (d.id != it.stream) {
+          d.id = it.stream;
+          t.tasks_dirty = true;
+        }
+      }
+    }
+    for (std::size_t i = 0; i < tensors_.size(); ++i)
+      for (const Piece& p : tensors_[i].pieces) {
+        DeviceTask& d = t.tasks[static_cast<std::size_t>(p.at)];
+        const void* g = nullptr;
+        if (grads_[i] != nullptr) g = static_cast<const char*>(grads_[i]) + p.spec.first * grad_sizes_[i];
+        if (d.grad != g) {
+          d.grad = g;
+          t.tasks_dirty = true;
+        }
+      }
+    if (t.tasks_dirty && !t.tasks.empty())
+      R::to_device(t.d_tasks.data(), t.tasks.data(), t.tasks.size() * sizeof(DeviceTask), stream_);
+    t.tasks_dirty = false;
+    if (stepped != t.stepped && !stepped.empty()) {
+      t.stepped = std::move(stepped);
+      R::to_device(t.d_stepped.data(), t.stepped.data(), t.stepped.size() * sizeof(int), stream_);
+    }
+    sync_grad_table(items);
+    cuda::StepControl c;
+    for (int k = 0; k < tier_count; ++k) c.hyper[k] = settings.hyper[static_cast<std::size_t>(k)];
+    c.grad_scale = settings.grad_scale;
+    c.seed = settings.seed;
+    c.lr = lr_device_;
+    c.max_norm = settings.max_norm;
+    c.norm_sq = norm_sq_.data();
+    if (!control_uploaded_ || !cuda::same_control(c, control_)) {
+      R::to_device(control_d_.data(), &c, sizeof c, stream_);
+      control_ = c;
+      control_uploaded_ = true;
+    }
+  }
+
+  void begin() {
+    const Tables& t = tables_;
+    if (control_.max_norm > 0) {  // the step's sum of g^2, for begin_step_kernel's scale
+      R::template launch<&cuda::squares_kernel<>>(grid(t.check_items.size()), cuda::block_threads, stream_,
+                                                  static_cast<const cuda::GradTask*>(t.grad_tasks.data()),
+                                                  static_cast<const WorkItem*>(t.check_items.data()),
+                                                  t.partial.data());
+      R::template launch<&cuda::total_kernel<>>(1u, cuda::block_threads, stream_,
+                                                static_cast<const double*>(t.partial.data()),
+                                                static_cast<index_t>(t.check_items.size()), norm_sq_.data());
+    }
+    R::template launch<&cuda::begin_step_kernel<>>(
+        grid(std::max<std::size_t>(1, (t.tasks.size() + 127) / 128)), 128u, stream_,
+        static_cast<const DeviceTask*>(t.d_tasks.data()), static_cast<const cuda::StepControl*>(control_d_.data()),
+        static_cast<const std::int64_t*>(t.counts.data()), t.d_steps.data(), static_cast<int>(t.tasks.size()),
+        outcome_.data());
+  }
+  Verdict check(NonFinitePolicy policy) {
+    if (policy == NonFinitePolicy::unchecked) return Verdict{};
+    const Tables& t = tables_;
+    R::template launch<&cuda::scan_kernel<>>(grid(t.check_items.size()), cuda::block_threads, stream_,
+                                             static_cast<const cuda::GradTask*>(t.grad_tasks.data()),
+                                             static_cast<const cuda::TaskStep*>(t.d_steps.data()),
+                                             static_cast<const WorkItem*>(t.check_items.data()), t.first.data(),
+                                             t.value.data());
+    R::template launch<&cuda::decide_kernel<>>(1u, cuda::block_threads, stream_,
+                                               static_cast<const index_t*>(t.first.data()),
+                                               static_cast<const float*>(t.value.data()),
+                                               static_cast<index_t>(t.first.size()),
+                                               static_cast<const WorkItem*>(t.check_items.data()), t.d_steps.data(),
+                                               static_cast<int>(t.tasks.size()), outcome_.data());
+    return Verdict{false, std::nullopt};
+  }
+  std::optional<Offender> resolve(const Verdict& v) const { return v.known ? v.offender : outcome(); }
+  void reject() noexcept {}  // the device wrote nothing: the later passes were never enqueued
+
+  void statistics() {
+    for (const Group& g : tables_.groups) g.ops->statistics(g.arrays, tasks_d(), steps_d(), stream_);
+  }
+  /// The cut pieces' sums, on the host (waits); finish() uploads them back.
+  std::span<double> cut_sums() {
+    cut_host_.resize(tables_.cut.size());
+    if (!cut_host_.empty()) R::to_host(cut_host_.data(), tables_.cut.data(), tables_.cut.bytes(), stream_);
+    cut_read_ = true;
+    return cut_host_;
+  }
+  void finish() {
+    if (cut_read_ && !cut_host_.empty())
+      R::to_device(tables_.cut.data(), cut_host_.data(), tables_.cut.bytes(), stream_);
+    cut_read_ = false;
+    for (const Group& g : tables_.groups) g.ops->finish(g.arrays, tasks_d(), steps_d(), stream_);
+  }
+  std::span<const double> clip_sums() {
+    sums_host_.resize(tables_.sums.size());
+    if (!sums_host_.empty()) R::to_host(sums_host_.data(), tables_.sums.data(), tables_.sums.bytes(), stream_);
+    return sums_host_;
+  }
+  std::span<float> divisors() {
+    divisors_host_.assign(tables_.divisors.size(), 1.0f);
+    return divisors_host_;
+  }
+  void set_divisors() {
+    if (!divisors_host_.empty())
+      R::to_device(tables_.divisors.data(), divisors_host_.data(), tables_.divisors.bytes(), stream_);
+  }
+  void apply() {
+    for (const Group& g : tables_.groups) g.ops->apply(g.arrays, tasks_d(), steps_d(), stream_);
+  }
+  void count() {
+    R::template launch<&cuda::end_step_kernel<>>(1u, cuda::block_threads, stream_,
+                                                 static_cast<const int*>(tables_.d_stepped.data()),
+                                                 tables_.counts.data(), static_cast<int>(tensors_.size()),
+                                                 static_cast<const cuda::CheckOutcome*>(outcome_.data()));
+  }
+  /// The last step's first offender, when it was rejected; waits for the device.
+  std::optional<Offender> outcome() const {
+    cuda::CheckOutcome out;
+    R::to_host(&out, outcome_.data(), sizeof out, stream_);
+    if (!out.bad) return std::nullopt;
+    const auto k = static_cast<std::size_t>(out.task);
+    const DeviceTask& d = tables_.tasks[k];
+    return Offender{d.tensor, d.element_base + out.element, out.value};
+  }
+
+  double grad_sum_squares(std::span<const StepItem> items) const {
+    const Tables& t = tables_;
+    if (t.check_items.empty()) return 0.0;
+    sync_grad_table(items);
+    R::template launch<&cuda::squares_kernel<>>(grid(t.check_items.size()), cuda::block_threads, stream_,
+                                                t.grad_tasks.data(), t.check_items.data(), t.partial.data());
+    R::template launch<&cuda::total_kernel<>>(1u, cuda::block_threads, stream_, t.partial.data(),
+                                              static_cast<index_t>(t.partial.size()), t.total.data());
+    double sum = 0;
+    R::to_host(&sum, t.total.data(), sizeof sum, stream_);
+    return sum;
+  }
+  /// The sum of g^2 the last clipping step formed; waits for the device.
+  double clip_sum_squares() const {
+    double x = 0;
+    R::to_host(&x, norm_sq_.data(), sizeof x, stream_);
+    return x;
+  }
+
+  // ------------------------------------------------------------ graphs
+  /// The launches of enqueue(), recorded for replay on this backend's stream
+  /// (not the default stream, which cannot be captured); prepare() ran first.
+  template <class Enqueue>
+  graph_type capture(NonFinitePolicy policy, bool clips, Enqueue&& enqueue) {
+    if (stream_ == Stream{})
+      throw std::invalid_argument(
+          "stream: a step on the default stream cannot be captured (build the optimizer with OptimizerOptions::stream)");
+    graph_type g;
+    g.generation_ = generation_;
+    g.grads_ = grads_;
+    for (const Tensor& e : tensors_) g.kernels_.push_back(e.ops);
+    g.policy_ = policy;
+    g.clips_ = clips;
+    R::begin_capture(stream_);
+    try {
+      enqueue();
+      g.graph_ = R::end_capture(stream_);
+    } catch (...) {
+      R::abort_capture(stream_);
+      throw;
+    }
+    return g;
+  }
+  std::optional<ReplayProblem> replay_problem(const graph_type& g, std::span<const StepItem> items) const {
+    if (g.generation_ != generation_) return ReplayProblem{};
+    std::vector<const void*> grads(tensors_.size(), nullptr);
+    for (const StepItem& it : items) {
+      const auto i = static_cast<std::size_t>(it.index);
+      const Tensor& e = tensors_[i];
+      if (e.pieces.empty()) continue;
+      grads[i] = it.grad.data;
+      if (e.kernels[it.grad.dtype == Dtype::f32 ? 1 : 0] != g.kernels_[i]) return ReplayProblem{it.index};
+    }
+    for (std::size_t i = 0; i < grads.size(); ++i)
+      if (grads[i] != (i < g.grads_.size() ? g.grads_[i] : nullptr)) return ReplayProblem{static_cast<index_t>(i)};
+    return std::nullopt;
+  }
+  /// Runs a captured step (replay_problem() must have found nothing; prepare() ran first).
+  void launch(const graph_type& g) { R::launch_graph(g.graph_, stream_); }
 
  private:
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
-};
+  struct Piece {
+    PieceSpec spec;
+    DeviceTask task;                  ///< its state and scratch (the tables add the step's pointers)
+    std::size_t elem_at = 0, row_at = 0, col_at = 0;  ///< into the tensor's share
+    index_t at = 0;                   ///< its index in the tables
+  };
+  struct Tensor {
+    std::array<kernels_type, 2> kernels{};
+    kernels_type ops = nullptr;  ///< of the gradient dtype it was last stepped with
+    float limit = 0;
+    std::vector<Piece> pieces;
+    Shares state;
+    Array<float> scratch_f;
+    Array<double> scratch_d;
+    Array<unsigned> done;
+  };
+  struct Group {
+    kernels_type ops = nullptr;
+    Array<WorkItem> items;
+    Array<std::int32_t> ids;
+    cuda::GroupArrays arrays;
+  };
+  /// Everything a step reads besides the tensors' own arrays, the StepControl
+  /// and the outcome.
+  struct Tables {
+    std::vector<DeviceTask> tasks;  ///< one per piece: what d_tasks holds, or will once uploaded
+    Array<DeviceTask> d_tasks;
+    bool tasks_dirty = false;
+    Array<cuda::TaskStep> d_steps;  ///< formed on the device by begin_step_kernel
+    Array<std::int64_t> counts;     ///< [n + 1]: each tensor's count, then the applied steps
+    std::vector<int> stepped;       ///< per tensor: in the step (what d_stepped holds)
+    Array<int> d_stepped;
+    std::vector<Group> groups;
+    Array<WorkItem> check_items;    ///< one per chunk of every piece; item.block is its slot
+    mutable std::vector<cuda::GradTask> host_grad_tasks;  ///< what grad_tasks holds
+    Array<cuda::GradTask> grad_tasks;
+    Array<index_t> first;
+    Array<float> value;
+    Array<double> partial;
+    Array<double> total;
+    Array<double> sums;             ///< per matrix of every piece: its sum of u^2
+    Array<float> divisors;          ///< per matrix of every piece: its clip divisor
+    Array<double> cut;              ///< per cut piece: c column sums, then the sum of R_i
+  };
 
-}  // namespace cuda
+  static unsigned grid(std::size_t blocks) { return static_cast<unsigned>(blocks); }
+  const DeviceTask* tasks_d() const { return tables_.d_tasks.data(); }
+  const cuda::TaskStep* steps_d() const { return tables_.d_steps.data(); }
 
-template <class R>
-struct CudaBackend {
-  static_assert(cuda::Runtime<R>, "CudaBackend<R>: R lacks a member of the runtime interface (cuda_backend.hpp)");
-  using runtime = R;
+  /// Points e's pieces at its share of the state.
+  static void point_state(Tensor& e) {
+    for (Piece& p : e.pieces) {
+      auto at = [](const Array<float>& a, std::size_t k) { return a.empty() ? nullptr : a.data() + k; };
+      p.task.m = at(e.state.m, p.elem_at);
+      p.task.v = at(e.state.v, p.elem_at);
+      p.task.v_row = at(e.state.v_row, p.row_at);
+      p.task.v_col = at(e.state.v_col, p.col_at);
+    }
+  }
+
+  /// The pieces' gradients of `items` (the others null), uploaded when changed.
+  void sync_grad_table(std::span<const StepItem> items) const {
+    std::vector<cuda::GradTask>& h = grad_room_;
+    h.assign(tables_.tasks.size(), cuda::GradTask{});
+    for (const StepItem& it : items) {
+      const Tensor& e = tensors_[static_cast<std::size_t>(it.index)];
+      for (const Piece& p : e.pieces)
+        h[static_cast<std::size_t>(p.at)] = cuda::GradTask{
+            static_cast<const char*>(it.grad.data) + p.spec.first * dtype_size(it.grad.dtype), it.grad.dtype,
+            e.limit, p.spec.geom.matrix_size()};
+    }
+    auto same = [](const cuda::GradTask& a, const cuda::GradTask& b) {
+      return a.grad == b.grad && a.dtype == b.dtype && a.limit == b.limit && a.matrix_size == b.matrix_size;
+    };
+    if (std::equal(h.begin(), h.end(), tables_.host_grad_tasks.begin(), tables_.host_grad_tasks.end(), same)) return;
+    if (!h.empty()) R::to_device(tables_.grad_tasks.data(), h.data(), h.size() * sizeof(h[0]), stream_);
+    std::swap(tables_.host_grad_tasks, h);
+  }
+
+  /// Moves tensors whose gradient dtype changed to the group of the new one.
+  void regroup(std::span<const StepItem> items) {
+    bool changed = false;
+    std::vector<kernels_type> ops;
+    for (const Tensor& e : tensors_) ops.push_back(e.ops);
+    for (const StepItem& it : items) {
+      const Tensor& e = tensors_[static_cast<std::size_t>(it.index)];
+      kernels_type& o = ops[static_cast<std::size_t>(it.index)];
+      const kernels_type want = e.kernels[it.grad.dtype == Dtype::f32 ? 1 : 0];
+      changed = changed || o != want;
+      o = want;
+    }
+    if (!changed) return;
+    R::synchronize(stream_);  // the old lists may still be read
+    tables_.groups = build_groups(ops);
+    for (std::size_t i = 0; i < tensors_.size(); ++i) tensors_[i].ops = ops[i];
+    ++generation_;
+  }
+
+  /// Every group's work lists over the pieces, for tensors with passes `ops`.
+  std::vector<Group> build_groups(const std::vector<kernels_type>& ops) const {
+    std::vector<kernels_type> order;
+    for (std::size_t i = 0; i < tensors_.size(); ++i)
+      if (!tensors_[i].pieces.empty() && std::find(order.begin(), order.end(), ops[i]) == order.end())
+        order.push_back(ops[i]);
+    std::vector<Group> groups;
+    for (kernels_type o : order) {
+      cuda::GroupLists lists;
+      lists.factored = o->factored;
+      for (std::size_t i = 0; i < tensors_.size(); ++i) {
+        if (ops[i] != o) continue;
+        for (const Piece& p : tensors_[i].pieces)
+          lists.add(static_cast<std::int32_t>(p.at), p.task, p.spec.cut);
+      }
+      Group g;
+      g.ops = o;
+      Mem::upload(g.items, lists.concatenated(), stream_);
+      Mem::upload(g.ids, lists.tasks, stream_);
+      g.arrays = lists.arrays(g.items.data(), g.ids.data());
+      groups.push_back(std::move(g));
+    }
+    return groups;
+  }
+
+  /// The tables of every registered tensor with these counts (n + 1:
+  /// registration; uploads in stream order).
+  Tables build_tables(const std::vector<std::int64_t>& counts) {
+    Tables t;
+    std::size_t matrices = 0, cut = 0;
+    for (Tensor& e : tensors_)
+      for (Piece& p : e.pieces) {
+        p.at = static_cast<index_t>(t.tasks.size());
+        t.tasks.push_back(p.task);
+        matrices += static_cast<std::size_t>(p.spec.geom.batch);
+        if (p.spec.cut) cut += static_cast<std::size_t>(p.spec.geom.cols + 1);
+      }
+    t.sums = Array<double>(matrices);
+    t.divisors = Array<float>(matrices);
+    t.cut = Array<double>(cut);
+    std::size_t at_sum = 0, at_cut = 0;
+    for (Tensor& e : tensors_)
+      for (Piece& p : e.pieces) {
+        DeviceTask& d = t.tasks[static_cast<std::size_t>(p.at)];
+        d.matrix_sum = t.sums.data() + at_sum;
+        d.divisor = t.divisors.data() + at_sum;
+        at_sum += static_cast<std::size_t>(p.spec.geom.batch);
+        if (p.spec.cut) {
+          d.shard_sums = t.cut.data() + at_cut;
+          at_cut += static_cast<std::size_t>(p.spec.geom.cols + 1);
+        }
+        d.grad = nullptr;
+      }
+    Mem::upload(t.d_tasks, t.tasks, stream_);
+    Mem::upload(t.d_steps, std::vector<cuda::TaskStep>(t.tasks.size()), stream_);
+    Mem::upload(t.counts, counts, stream_);
+    t.stepped.assign(tensors_.size(), 0);
+    Mem::upload(t.d_stepped, t.stepped, stream_);
+    std::vector<kernels_type> ops;
+    for (const Tensor& e : tensors_) ops.push_back(e.ops);
+    t.groups = build_groups(ops);
+
+    std::vector<WorkItem> checks;
+    for (std::size_t k = 0; k < t.tasks.size(); ++k) {
+      const MatrixGeometry& g = t.tasks[k].geom;
+      for (index_t b = 0; b < g.batch; ++b)
+        for (index_t o = 0; o < g.matrix_size(); o += cuda::chunk_elems) {
+          const auto slot = static_cast<index_t>(checks.size());
+          checks.push_back(
+              WorkItem{static_cast<std::int32_t>(k), b, o, std::min(g.matrix_size(), o + cuda::chunk_elems), slot});
+        }
+    }
+    if (checks.size() > 0x7fffffffu) throw std::invalid_argument("parameters: too many work items for one launch");
+    Mem::upload(t.check_items, checks, stream_);
+    t.host_grad_tasks.assign(t.tasks.size(), cuda::GradTask{});
+    Mem::upload(t.grad_tasks, t.host_grad_tasks, stream_);
+    t.first = Array<index_t>(checks.size());
+    t.value = Array<float>(checks.size());
+    t.partial = Array<double>(checks.size());
+    t.total = Array<double>(1);
+    grads_.assign(tensors_.size(), nullptr);
+    return t;
+  }
+
+  Stream stream_{};
+  std::vector<Tensor> tensors_;
+  Tables tables_;
+  Tables undo_;  ///< the tables before the last add (pop_back)
+  std::vector<const void*> grads_;  ///< per tensor: the step's gradient, or null
+  std::vector<index_t> grad_sizes_;  ///< and its element size
+  mutable std::vector<cuda::GradTask> grad_room_;  ///< sync_grad_table's, reused
+  Array<cuda::StepControl> control_d_;
+  cuda::StepControl control_{};  ///< what control_d_ holds once control_uploaded_
+  bool control_uploaded_ = false;
+  Array<cuda::CheckOutcome> outcome_;
+  Array<double> norm_sq_;  ///< the last clipping step's sum of g^2
+  const double* lr_device_ = nullptr;
+  std::uint64_t generation_ = 0;  ///< changes whenever a captured graph would go stale
+  std::vector<double> cut_host_, sums_host_;
+  std::vector<float> divisors_host_;
+  bool cut_read_ = false;
 };
 
 }  // namespace skewadam::backend

@@ -124,6 +124,7 @@ struct DeviceTask {
   const void* grad = nullptr;  ///< null: no gradient this step (skipped)
   MatrixGeometry geom{};
   int tier = 0;              ///< tier_index (which StepControl hyperparameters)
+  std::int32_t tensor = 0;   ///< the tensor it is a piece of (its step count)
   std::uint32_t id = 0;      ///< rounding stream (FNV-1a of the name)
   index_t row_blocks = 1;    ///< factored: row blocks per matrix
   index_t chunks = 1;        ///< element-wise: chunks per matrix

@@ -1,104 +1,131 @@
 #pragma once
-// The passes of a step over one group of tensors (those sharing a rule and
-// dtypes, work_lists.hpp), as launches on a runtime R's stream, in the order
-// a step runs them:
+// The CUDA backend's passes over one group of pieces (those sharing a rule
+// and dtypes: one launch per pass covers them all), and the work lists they
+// walk, cut by shape only when tensors are registered:
 //
-//   statistics   statistics_kernel over the units
-//   shard sums   (a sharded placement) shard_sums_kernel over the pieces of
-//                matrices cut between ranks; the placement then exchanges
-//                the sums and writes the totals back (DeviceTask::shard_sums)
-//   finish       columns_kernel (factored) or finalize_kernel (an
-//                element-wise rule that clips): C_j, vbar, sum u^2, and,
-//                unless DeviceTask::host_divisors, the clip divisors
-//   apply        apply_kernel
+//   units     factored: row blocks of the statistics pass; element-wise:
+//             chunks of chunk_elems elements
+//   columns   factored: blocks of column_block columns (the finish pass)
+//   applies   factored: row blocks of the update; element-wise: the units
+//   shards    factored pieces of matrices cut between processes: blocks of
+//             column_block columns (shard_sums_kernel)
 //
-// The local engine (placement/local_cuda.hpp) runs a group's passes back to
-// back; the sharded engine (placement/sharded_cuda.hpp) runs every group's
-// statistics, exchanges, every group's finish, exchanges, every group's apply.
+// A step runs every group's statistics (and shard sums), the placement's
+// statistics exchange, every group's finish (columns_kernel, or
+// finalize_kernel for an element-wise rule that clips), the clip exchange,
+// and every group's apply (cuda_backend.hpp).
 
-#include "../../dtype.hpp"
-#include "../../rule_dispatch.hpp"
-#include "../../tier.hpp"
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "../../config.hpp"
+#include "../../shape.hpp"
 #include "kernels.cuh"
-#include "work_lists.hpp"
 
 namespace skewadam::backend::cuda {
 
+/// The device arrays of one group's work lists.
+struct GroupArrays {
+  const WorkItem* units = nullptr;
+  std::int32_t n_units = 0;
+  const WorkItem* columns = nullptr;
+  std::int32_t n_columns = 0;
+  const WorkItem* applies = nullptr;
+  std::int32_t n_applies = 0;
+  const WorkItem* shards = nullptr;
+  std::int32_t n_shards = 0;
+  const std::int32_t* tasks = nullptr;
+  std::int32_t n_tasks = 0;
+};
+
+/// A group's lists in host memory, in the order they are uploaded.
+struct GroupLists {
+  bool factored = false;
+  std::vector<WorkItem> units, columns, applies, shards;
+  std::vector<std::int32_t> tasks;
+
+  /// Appends piece `task` (its DeviceTask d; `cut`: a matrix cut between processes).
+  void add(std::int32_t task, const DeviceTask& d, bool cut) {
+    const MatrixGeometry& g = d.geom;
+    tasks.push_back(task);
+    auto by_columns = [&](std::vector<WorkItem>& out, index_t b) {
+      for (index_t j = 0; j < g.cols; j += column_block)
+        out.push_back(WorkItem{task, b, j, std::min(g.cols, j + column_block), 0});
+    };
+    for (index_t b = 0; b < g.batch; ++b) {
+      if (factored) {
+        const index_t na = apply_blocks_of(g);
+        for (index_t q = 0; q < d.row_blocks; ++q)
+          units.push_back(WorkItem{task, b, g.rows * q / d.row_blocks, g.rows * (q + 1) / d.row_blocks, q});
+        for (index_t q = 0; q < na; ++q) applies.push_back(WorkItem{task, b, g.rows * q / na, g.rows * (q + 1) / na, q});
+        by_columns(columns, b);
+        if (cut) by_columns(shards, b);
+      } else {
+        for (index_t q = 0; q < d.chunks; ++q) {
+          const WorkItem it{task, b, q * chunk_elems, std::min(g.matrix_size(), (q + 1) * chunk_elems), b * d.chunks + q};
+          units.push_back(it);
+          applies.push_back(it);
+        }
+      }
+    }
+  }
+
+  /// units, columns, applies, shards: one array to upload. Throws when a
+  /// pass would need more blocks than one launch has.
+  std::vector<WorkItem> concatenated() const {
+    if (units.size() + columns.size() + applies.size() + shards.size() > 0x7fffffffu)
+      throw std::invalid_argument("parameters: too many work items for one launch");
+    std::vector<WorkItem> all = units;
+    for (const auto* l : {&columns, &applies, &shards}) all.insert(all.end(), l->begin(), l->end());
+    return all;
+  }
+  /// Where the lists lie once `items` holds concatenated() and `ids` tasks.
+  GroupArrays arrays(const WorkItem* items, const std::int32_t* ids) const {
+    const auto n = [](const auto& v) { return static_cast<std::int32_t>(v.size()); };
+    return GroupArrays{items, n(units), items + units.size(), n(columns),
+                       items + units.size() + columns.size(), n(applies),
+                       items + units.size() + columns.size() + applies.size(), n(shards), ids, n(tasks)};
+  }
+};
+
+/// The passes of one (rule, parameter dtype, gradient dtype) on runtime R.
 template <class R>
 struct GroupPasses {
   using Stream = typename R::stream_type;
   using Pass = void (*)(const GroupArrays&, const DeviceTask*, const TaskStep*, Stream);
   bool factored = false;
-  bool clip = false;  ///< the rule clips (its finish forms sums of u^2)
-  Pass statistics = nullptr;
-  Pass shard_sums = nullptr;
+  Pass statistics = nullptr;  ///< and the shard sums of cut pieces
   Pass finish = nullptr;
   Pass apply = nullptr;
-
-  void run_all(const GroupArrays& g, const DeviceTask* tasks, const TaskStep* steps, Stream s) const {
-    statistics(g, tasks, steps, s);
-    finish(g, tasks, steps, s);
-    apply(g, tasks, steps, s);
-  }
 };
 
-namespace detail {
-
-inline unsigned blocks(std::int32_t n) { return static_cast<unsigned>(n); }
-
 template <class R, class Rule, class P, class G>
-struct PassesOf {
+const GroupPasses<R>* passes_of() {
   using S = typename Rule::second_moment;
   using C = typename Rule::clip;
   using Stream = typename R::stream_type;
-
-  static void statistics(const GroupArrays& g, const DeviceTask* tasks, const TaskStep* steps, Stream s) {
-    if (g.n_units > 0)
-      R::template launch<&statistics_kernel<Rule, P, G>>(blocks(g.n_units), block_threads, s, tasks, steps, g.units);
-  }
-  static void shard_sums(const GroupArrays& g, const DeviceTask* tasks, const TaskStep* steps, Stream s) {
-    if constexpr (S::factored)
-      if (g.n_shards > 0)
-        R::template launch<&shard_sums_kernel<Rule, P, G>>(blocks(g.n_shards), block_threads, s, tasks, steps,
-                                                           g.shards);
-  }
-  static void finish(const GroupArrays& g, const DeviceTask* tasks, const TaskStep* steps, Stream s) {
-    if constexpr (S::factored) {
-      if (g.n_columns > 0)
-        R::template launch<&columns_kernel<Rule, P, G>>(blocks(g.n_columns), block_threads, s, tasks, steps,
-                                                        g.columns);
-    } else if constexpr (C::active) {
-      if (g.n_tasks > 0)
-        R::template launch<&finalize_kernel<Rule, P, G>>(blocks((g.n_tasks + 127) / 128), 128u, s, tasks, steps,
-                                                         g.tasks, static_cast<int>(g.n_tasks));
-    }
-  }
-  static void apply(const GroupArrays& g, const DeviceTask* tasks, const TaskStep* steps, Stream s) {
-    if constexpr (S::factored || C::active)
-      if (g.n_applies > 0)
-        R::template launch<&apply_kernel<Rule, P, G>>(blocks(g.n_applies), static_cast<unsigned>(apply_threads), s,
-                                                      tasks, steps, g.applies);
-  }
-};
-
-}  // namespace detail
-
-/// The passes of (Rule, parameter dtype P, gradient dtype G) on runtime R.
-template <class R, class Rule, class P, class G>
-const GroupPasses<R>* passes_of() {
-  using X = detail::PassesOf<R, Rule, P, G>;
-  static const GroupPasses<R> p{Rule::second_moment::factored, Rule::clip::active, &X::statistics, &X::shard_sums,
-                                &X::finish, &X::apply};
+  static const GroupPasses<R> p{
+      S::factored,
+      [](const GroupArrays& g, const DeviceTask* t, const TaskStep* s, Stream st) {
+        R::template launch<&statistics_kernel<Rule, P, G>>(static_cast<unsigned>(g.n_units), block_threads, st, t, s, g.units);
+        if constexpr (S::factored)
+          R::template launch<&shard_sums_kernel<Rule, P, G>>(static_cast<unsigned>(g.n_shards), block_threads, st, t, s, g.shards);
+      },
+      [](const GroupArrays& g, const DeviceTask* t, const TaskStep* s, Stream st) {
+        if constexpr (S::factored)
+          R::template launch<&columns_kernel<Rule, P, G>>(static_cast<unsigned>(g.n_columns), block_threads, st, t, s, g.columns);
+        else if constexpr (C::active)
+          R::template launch<&finalize_kernel<Rule, P, G>>(static_cast<unsigned>((g.n_tasks + 127) / 128), 128u, st, t, s, g.tasks,
+                                                           static_cast<int>(g.n_tasks));
+      },
+      [](const GroupArrays& g, const DeviceTask* t, const TaskStep* s, Stream st) {
+        if constexpr (S::factored || C::active)
+          R::template launch<&apply_kernel<Rule, P, G>>(static_cast<unsigned>(g.n_applies), static_cast<unsigned>(apply_threads), st,
+                                                        t, s, g.applies);
+      }};
   return &p;
-}
-
-/// The passes of the rule Tiers gives tier t (rank1: a rank-1 tensor's) for
-/// parameter dtype p and gradient dtype g.
-template <class R, class Tiers>
-const GroupPasses<R>* passes_for(Tier t, Dtype p, Dtype g, bool rank1) {
-  return visit_rule<Tiers>(t, rank1, [&]<class Rule>() {
-    return visit_dtypes(p, g, []<class P, class G>() { return passes_of<R, Rule, P, G>(); });
-  });
 }
 
 }  // namespace skewadam::backend::cuda

@@ -16,7 +16,7 @@
 #include <string>
 #include <utility>
 
-#include "cuda_backend.hpp"
+#include "device_memory.hpp"
 
 namespace skewadam::backend::cuda {
 

@@ -11,9 +11,9 @@
 //                      scale then formed here from the step's sum of g^2),
 //                      the rounding seed and, optionally, a device array the
 //                      tiers' learning rates are read from
-//   begin_step_kernel  each stepped tensor's scalars and rounding key from
-//                      its own count t + 1 (make_step_scalars, the host's
-//                      formula); clears the skip flags and the outcome
+//   begin_step_kernel  each stepped piece's scalars and rounding key from its
+//                      tensor's own count t + 1 (make_step_scalars, the
+//                      host's formula); clears the skip flags and the outcome
 //   end_step_kernel    unless the step was rejected (the outcome decide_kernel
 //                      wrote), every stepped tensor's count and the
 //                      optimizer's advance by one
@@ -50,7 +50,8 @@ inline bool same_control(const StepControl& a, const StepControl& b) noexcept {
          a.norm_sq == b.norm_sq;
 }
 
-/// counts[k]: updates tensor k has received; counts[n]: applied steps.
+/// counts[k]: updates tensor k has received; counts[n]: applied steps. One
+/// thread per piece (n pieces): its scalars from its tensor's count.
 template <int = 0>
 __global__ void begin_step_kernel(const DeviceTask* tasks, const StepControl* control, const std::int64_t* counts,
                                   TaskStep* steps, int n, CheckOutcome* outcome) {
@@ -59,7 +60,7 @@ __global__ void begin_step_kernel(const DeviceTask* tasks, const StepControl* co
   if (k >= n) return;
   const DeviceTask& t = tasks[k];
   if (t.grad == nullptr) return;
-  const std::int64_t step = counts[k] + 1;
+  const std::int64_t step = counts[t.tensor] + 1;
   Hyperparameters h = control->hyper[t.tier];
   if (control->lr != nullptr) h.lr = control->lr[t.tier];
   const double scale =
@@ -68,11 +69,12 @@ __global__ void begin_step_kernel(const DeviceTask* tasks, const StepControl* co
                       RoundingKey{control->seed, t.id, static_cast<std::uint64_t>(step)}, h.clip_scope, 0};
 }
 
+/// stepped[k]: whether tensor k (of n) is in the step.
 template <int = 0>
-__global__ void end_step_kernel(const DeviceTask* tasks, std::int64_t* counts, int n, const CheckOutcome* outcome) {
+__global__ void end_step_kernel(const int* stepped, std::int64_t* counts, int n, const CheckOutcome* outcome) {
   if (outcome->bad) return;
   for (int k = static_cast<int>(threadIdx.x); k < n; k += static_cast<int>(blockDim.x))
-    if (tasks[k].grad != nullptr) ++counts[k];
+    if (stepped[k]) ++counts[k];
   if (threadIdx.x == 0) ++counts[n];
 }
 

@@ -1,22 +1,21 @@
 #pragma once
-// How one optimizer step is cut into work, independently of thread count.
+// How the CPU backend cuts a step into work, independently of thread count.
 //
-// A step is a list of TensorTasks (one per parameter with a gradient) and a
-// list of Units: row blocks of factored matrices, element chunks of
-// element-wise tensors. The cut depends only on shapes, every reduction is
-// summed per unit and units are combined in a fixed order, so results are
-// bit-identical for any number of threads and any scheduling. Backends own
-// the loops over units; this header is backend-neutral plain data.
+// A step is a list of TensorTasks (one per piece of a tensor with a gradient,
+// backend/backend.hpp) and a list of Units: row blocks of factored matrices,
+// element chunks of element-wise tensors. The cut depends only on shapes,
+// every reduction is summed per unit and units are combined in a fixed order,
+// so results are bit-identical for any number of threads and any scheduling.
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
-#include "../config.hpp"
-#include "../hyperparameters.hpp"
-#include "../random.hpp"
-#include "../shape.hpp"
-#include "../step_scalars.hpp"
+#include "../../config.hpp"
+#include "../../hyperparameters.hpp"
+#include "../../random.hpp"
+#include "../../shape.hpp"
+#include "../../step_scalars.hpp"
 
 namespace skewadam::backend {
 
@@ -52,9 +51,15 @@ struct TensorTask {
   const KernelTable* kernel = nullptr;
   /// Flat index, in the whole parameter, of this task's element 0: the
   /// stochastic-rounding bits of element k are those of element
-  /// element_base + k. Nonzero only when the task is a slice of a larger
-  /// tensor (a shard, dist/sharded_optimizer.hpp).
+  /// element_base + k. Nonzero only when the task is a piece of a larger
+  /// tensor (a shard, placement/sharded.hpp).
   index_t element_base = 0;
+  /// A row slice of a matrix cut between processes (statistics into
+  /// col_partial and d_partial, finished from totals over the processes by
+  /// KernelTable::finish); full_rows: the whole matrix's rows.
+  bool cut = false;
+  index_t full_rows = 0;
+  float grad_limit = 0;  ///< the non-finite policy's limit (gradient_check.hpp)
 };
 
 /// One piece of work. Factored: rows [begin, end) of matrix `matrix`, block
@@ -88,6 +93,7 @@ class ScratchSpace {
     floats_.assign(fstride_ * n, 0.0f);
     doubles_.assign(dstride_ * n, 0.0);
   }
+  std::size_t bytes() const noexcept { return 4 * floats_.size() + 8 * doubles_.size(); }
   Scratch at(int thread) {
     const auto k = static_cast<std::size_t>(thread);
     return Scratch{floats_.data() + k * fstride_, doubles_.data() + k * dstride_};
@@ -108,6 +114,10 @@ struct KernelTable {
   void (*finalize)(const TensorTask&, Scratch scratch);
   /// Applies the update; null when statistics() already did.
   void (*apply)(const TensorTask&, const Unit&, Scratch scratch);
+  /// A cut task, after its statistics: C_j and vbar from `totals` (c column
+  /// sums of g^2 then the sum of R_i, over every process's rows), and its
+  /// own sum of u^2.
+  void (*finish)(const TensorTask&, const double* totals, Scratch scratch);
 };
 
 /// Work-cutting constants (shape-only, never thread-dependent).
@@ -116,7 +126,7 @@ struct Cutting {
   static constexpr index_t min_block_elems = index_t{1} << 18;
   static constexpr index_t chunk_elems = index_t{1} << 16;
 
-  /// Row blocks of a factored tensor's matrix: only a single large matrix is
+  /// Row blocks of a factored piece's matrix: only a single large matrix is
   /// split (a bank is parallel across its matrices).
   static index_t row_blocks(const MatrixGeometry& g) {
     if (g.batch != 1 || g.rows <= 1) return 1;
@@ -126,10 +136,10 @@ struct Cutting {
   static index_t chunks_per_matrix(const MatrixGeometry& g) {
     return std::max<index_t>(1, (g.matrix_size() + chunk_elems - 1) / chunk_elems);
   }
-  /// Floats of per-tensor column scratch (col_partial and d_partial each).
-  static index_t partial_floats(const MatrixGeometry& g) {
+  /// Floats of per-piece column scratch (col_partial and d_partial each).
+  static index_t partial_floats(const MatrixGeometry& g, bool cut = false) {
     const index_t nb = row_blocks(g);
-    return nb > 1 ? nb * g.cols : 0;
+    return nb > 1 || cut ? nb * g.cols : 0;
   }
 };
 

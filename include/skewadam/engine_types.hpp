@@ -1,0 +1,58 @@
+#pragma once
+// The plain data the front-end (optimizer.hpp), the engine (engine.hpp) and
+// the backends (backend/backend.hpp) hand each other.
+
+#include <array>
+#include <cstdint>
+
+#include "config.hpp"
+#include "hyperparameters.hpp"
+#include "state_layout.hpp"
+#include "tensor_view.hpp"
+#include "tier.hpp"
+
+namespace skewadam {
+
+/// A tensor being registered: already checked by the front-end.
+struct TensorRegistration {
+  index_t index = 0;  ///< its position (ParamId)
+  Tier tier = Tier::backbone;
+  StateLayout layout{};
+  ParamView param;
+};
+
+/// One tensor of a step (or of a gradient-norm sum). Its scalars and
+/// rounding key are formed by the backend from its own step count.
+struct StepItem {
+  index_t index = 0;  ///< its position (ParamId)
+  Tier tier = Tier::backbone;
+  ParamView param;
+  GradView grad;
+  std::uint32_t stream = 0;  ///< its rounding stream (RoundingKey::tensor)
+};
+
+/// What a step needs besides its items.
+struct StepSettings {
+  std::array<Hyperparameters, tier_count> hyper{};  ///< by tier_index, lr schedules applied
+  double grad_scale = 1.0;                          ///< global-norm clipping's, given
+  std::uint64_t seed = 0;                           ///< stochastic rounding's
+  /// > 0: the step clips the global gradient norm to it itself (the scale
+  /// replaces grad_scale); clip_sum_squares() then reads the sum of g^2
+  double max_norm = 0;
+};
+
+/// The first offending gradient element of a step.
+struct Offender {
+  index_t index = -1;    ///< the tensor
+  index_t element = -1;  ///< flat index of its first offending element
+  float value = 0;       ///< that element after global-norm scaling
+};
+
+/// Why a captured step cannot replay.
+struct ReplayProblem {
+  index_t index = -1;  ///< the tensor whose gradient is not the captured one (pointer or dtype), or
+                       ///< -1: the engine changed since the capture (a parameter added, a gradient
+                       ///< changed dtype, or a state imported)
+};
+
+}  // namespace skewadam
