@@ -105,19 +105,17 @@ struct PhiloxLanes {
       }
       // Vector r of chain h holds, chunk by chunk, the four words of blocks
       // lanes h + n r + q (q < n); a block's eight elements take their low
-      // halves, then their high halves.
-      alignas(64) std::uint32_t lo[lanes], hi[lanes];
+      // halves, then their high halves: spread_halves() puts them in that
+      // order, two vectors of elements per vector of words.
       for (int h = 0; h < chains; ++h) {
         Ops::transpose4(c0[h], c1[h], c2[h], c3[h]);
         const U* v[4] = {&c0[h], &c1[h], &c2[h], &c3[h]};
         for (index_t r = 0; r < 4; ++r) {
-          (*v[r] & U(0xffffu)).store_aligned(lo);
-          (*v[r] >> 16).store_aligned(hi);
+          U e0, e1;
+          Ops::spread_halves(*v[r], e0, e1);
           std::uint32_t* o = out + elements_per_block * (lanes * h + n * r);
-          for (index_t q = 0; q < n; ++q) {
-            std::memcpy(o + 8 * q, lo + 4 * q, 4 * sizeof(std::uint32_t));
-            std::memcpy(o + 8 * q + 4, hi + 4 * q, 4 * sizeof(std::uint32_t));
-          }
+          e0.store_unaligned(o);
+          e1.store_unaligned(o + lanes);
         }
       }
     } else {
