@@ -118,12 +118,39 @@ struct Kernels {
   }
 
   /// p <- round(p * (1 - lr wd) - step), one rounding (extension E2);
-  /// `step` is lr * u after clipping.
-  template <class W>
-  static SKEWADAM_ALWAYS_INLINE void update_param(const Ctx& x, index_t off, const W& step, Rng& rng) {
+  /// `step` is lr * u after clipping; `bits` serves the random bits (an Rng
+  /// or a RandomRun).
+  template <class W, class B>
+  static SKEWADAM_ALWAYS_INLINE void update_param(const Ctx& x, index_t off, const W& step, B& bits) {
     P* p = x.p + off;
     const W pn = load_as<W>(p) * vmath::splat<W>(x.s.decay) - step;
-    store_param<R>(p, pn, x.element_base + off, rng);
+    store_param<R>(p, pn, x.element_base + off, bits);
+  }
+
+  /// Whether stores draw random bits (a bf16 or fp16 parameter with a
+  /// rounding policy that uses them).
+  static constexpr bool draws_bits = R::uses_random_bits && !std::is_same_v<P, float>;
+
+  /// for_lanes over offsets [begin, end) for a body that stores parameters:
+  /// body.template operator()<W>(off, bits). Where the stores draw random
+  /// bits on SIMD lanes, the vectors take them from runs of the window's
+  /// buffer (RandomWindow::run): no check per vector, and no call inside the
+  /// loop that would make the compiler keep its values in memory.
+  template <class Body>
+  static SKEWADAM_ALWAYS_INLINE void for_lanes_stored(Rng& rng, index_t element_base, index_t begin, index_t end,
+                                                      Body&& body) {
+    constexpr index_t w = width_v<V>;
+    index_t j = begin;
+    if constexpr (w > 1 && draws_bits) {
+      while (j + w <= end) {
+        const RandomRun run = rng.run(element_base + j, w);
+        const index_t stop = j + std::min(run.count, end - j) / w * w;
+        for (; j < stop; j += w) body.template operator()<V>(j, run);
+      }
+    } else if constexpr (w > 1) {
+      for (; j + w <= end; j += w) body.template operator()<V>(j, rng);
+    }
+    for (; j < end; ++j) body.template operator()<float>(j, rng);
   }
 
   // ------------------------------------------------------- element-wise rule
@@ -131,9 +158,8 @@ struct Kernels {
     const Ctx x(t);
     const StepScalars& s = x.s;
     const index_t base = unit.matrix * t.geom.matrix_size();
-    BlockedSum<V> acc;
-    Rng rng(t.key);
-    for_blocks<V>(base + unit.begin, base + unit.end, [&]<class W>(index_t off) {
+    // u and, without clipping, the update: the same per-element code
+    const auto element = [&]<class W>(index_t off) {
       const W g = grad_at<W>(x, off);
       W m = vmath::splat<W>(0.0f);
       if constexpr (M::has_state) {
@@ -142,11 +168,22 @@ struct Kernels {
       }
       const W v = S::update(load_as<W>(x.v + off), g * g, s);
       store_f32(x.v + off, v);
-      const W u = M::numerator(g, m, s) / S::denominator(v, s);
-      if constexpr (C::active) acc.add(u * u);
-      else update_param(x, off, vmath::splat<W>(s.lr) * u, rng);
-    }, [&] { acc.fold(); });
-    if constexpr (C::active) t.unit_sum[unit.block] = acc.sum();
+      return W(M::numerator(g, m, s) / S::denominator(v, s));
+    };
+    if constexpr (C::active) {
+      BlockedSum<V> acc;
+      for_blocks<V>(base + unit.begin, base + unit.end, [&]<class W>(index_t off) {
+        const W u = element.template operator()<W>(off);
+        acc.add(u * u);
+      }, [&] { acc.fold(); });
+      t.unit_sum[unit.block] = acc.sum();
+    } else {
+      Rng rng(t.key);
+      for_lanes_stored(rng, x.element_base, base + unit.begin, base + unit.end, [&]<class W, class B>(index_t off, B& bits) {
+        const W u = element.template operator()<W>(off);
+        update_param(x, off, vmath::splat<W>(s.lr) * u, bits);
+      });
+    }
   }
 
   static void elementwise_apply(const TensorTask& t, const Unit& unit) {
@@ -155,9 +192,9 @@ struct Kernels {
     // lr * u / divisor, with lr / divisor formed once
     const float lr_eff = C::active ? x.s.lr / t.matrices[unit.matrix].divisor : x.s.lr;
     Rng rng(t.key);
-    for_lanes<V>(base + unit.begin, base + unit.end, [&]<class W>(index_t off) {
+    for_lanes_stored(rng, x.element_base, base + unit.begin, base + unit.end, [&]<class W, class B>(index_t off, B& bits) {
       const W u = numerator_at<W>(x, off) / S::denominator(load_as<W>(x.v + off), x.s);
-      update_param(x, off, u * vmath::splat<W>(lr_eff), rng);
+      update_param(x, off, u * vmath::splat<W>(lr_eff), bits);
     });
   }
 
@@ -362,9 +399,9 @@ struct Kernels {
     for (index_t i = unit.begin; i < unit.end; ++i) {
       const index_t off = (b * x.rows + i) * c;
       const float a = x.s.lr / (S::row_factor(rs[i], vbar, x.s) * div);
-      for_lanes<V>(0, c, [&]<class W>(index_t j) {
+      for_lanes_stored(rng, x.element_base + off, 0, c, [&]<class W, class B>(index_t j, B& bits) {
         const W n = numerator_at<W>(x, off + j);
-        update_param(x, off + j, n * (vmath::splat<W>(a) * load_as<W>(w + j)), rng);
+        update_param(x, off + j, n * (vmath::splat<W>(a) * load_as<W>(w + j)), bits);
       });
     }
   }

@@ -127,6 +127,19 @@ struct PhiloxLanes {
   }
 };
 
+/// The random bits of a run of elements that a RandomWindow has generated:
+/// elements [first, first + count), read without any check (see
+/// RandomWindow::run).
+struct RandomRun {
+  const std::uint32_t* bits;  ///< the bits of element `first`
+  index_t first;
+  index_t count;
+  SKEWADAM_ALWAYS_INLINE const std::uint32_t* at(index_t e, index_t /*count*/) const noexcept {
+    return bits + (e - first);
+  }
+  SKEWADAM_ALWAYS_INLINE std::uint32_t operator()(index_t e) const noexcept { return bits[e - first]; }
+};
+
 /// Random bits for increasing element indices, buffered by windows of
 /// PhiloxLanes::elements elements. The buffer keeps the last `lanes` values of
 /// the previous window in front of the current one, so a request that
@@ -146,6 +159,15 @@ class RandomWindow {
     return buf_ + keep + (e - start_);
   }
   SKEWADAM_ALWAYS_INLINE std::uint32_t operator()(index_t e) noexcept { return *at(e, 1); }
+
+  /// The bits of elements [e, e + count) (count <= keep) and of the elements
+  /// after them that are buffered too, up to the window's end: a loop over
+  /// increasing elements reads them without a check per vector, and calls
+  /// run() again where the run ends.
+  SKEWADAM_ALWAYS_INLINE RandomRun run(index_t e, index_t count) noexcept {
+    const std::uint32_t* p = at(e, count);
+    return RandomRun{p, e, start_ + window - e};
+  }
 
  private:
   void refill(index_t e, index_t count) noexcept {
