@@ -24,6 +24,7 @@
 
 #include "../../config.hpp"
 #include "../../random.hpp"
+#include "neon64_lanes.hpp"
 #include "x86_lanes.hpp"
 
 namespace skewadam::backend::cpu {

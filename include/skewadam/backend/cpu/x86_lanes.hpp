@@ -10,8 +10,9 @@
 // definition rule across translation units built with different flags). The
 // XSIMD_WITH_* guards below only decide whether a specialisation exists at
 // all; where it does not, the batch types of that architecture do not exist
-// either. Every other architecture (ScalarArch, NEON, plain AVX) gets the
-// primary template, native == false, and the kernels use portable code.
+// either. aarch64 NEON has its specialisation in neon64_lanes.hpp; every
+// other architecture (ScalarArch, plain AVX) gets the primary template,
+// native == false, and the kernels use portable code.
 
 #include <xsimd/xsimd.hpp>
 
