@@ -11,6 +11,7 @@
 //                                           NonFinitePolicy::unchecked)
 //   stream/triad/threads:N                  a[i] = b[i] + q * c[i], fp32
 //   stream/copy/threads:N                   a[i] = b[i], fp32
+//   stream/read/threads:N                   the sum of b[i], fp32 (reads only)
 //   pass/<tier>/<dtype>/<shape>/<pass>/threads:N
 //                                           one pass of a step alone, the
 //                                           backend's own kernels and threads:
@@ -233,6 +234,26 @@ void copy(benchmark::State& state, index_t n) {
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * n);
 }
 
+/// Read over n floats: their sum (4 bytes per element counted): what bounds
+/// a pass that only reads, such as the expert tier's statistics.
+void read(benchmark::State& state, index_t n) {
+  const int threads = static_cast<int>(state.range(0));
+  AlignedBuffer<float> b(n);
+  fill(b.get(), n, 7, 1.0f);
+  const float* pb = b.get();
+  for (auto _ : state) {
+    float sum = 0.0f;
+#if defined(_OPENMP)
+#pragma omp parallel for simd num_threads(threads) schedule(static) reduction(+ : sum)
+#endif
+    for (index_t i = 0; i < n; ++i) sum += pb[i];
+    benchmark::DoNotOptimize(sum);
+  }
+  (void)threads;
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * 4 * n);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * n);
+}
+
 /// One pass of one tensor's step alone, through the backend's own threads:
 /// statistics (with the finalize) or apply (after one full step, so that the
 /// apply pass has its statistics).
@@ -363,6 +384,12 @@ void register_all() {
       ->Unit(benchmark::kMillisecond);
 
   benchmark::RegisterBenchmark("stream/copy", copy, triad_n)
+      ->ArgName("threads")
+      ->Arg(1)
+      ->Arg(2)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("stream/read", read, triad_n)
       ->ArgName("threads")
       ->Arg(1)
       ->Arg(2)
