@@ -10,6 +10,16 @@
 //                                           (every other benchmark runs
 //                                           NonFinitePolicy::unchecked)
 //   stream/triad/threads:N                  a[i] = b[i] + q * c[i], fp32
+//   stream/copy/threads:N                   a[i] = b[i], fp32
+//   stream/read/threads:N                   the sum of b[i], fp32 (reads only)
+//   pass/<tier>/<dtype>/<shape>/<pass>/threads:N
+//                                           one pass of a step alone, the
+//                                           backend's own kernels and threads:
+//                                           statistics (with the finalize), or
+//                                           apply
+//   philox/<dtype>/threads:1                the stochastic-rounding bits of a
+//                                           4096x4096 tensor alone (the
+//                                           kernels' generator, no memory)
 //
 // bytes_per_second counts the minimal memory traffic of the rule (below), not
 // what the kernels happen to move, so it is directly comparable with the
@@ -25,6 +35,8 @@
 //   router   exact, clip: pass 1 reads g, V and writes V; pass 2 reads g,
 //            V, p and writes p                              2G + 12 + 2P (f32 28, bf16 20)
 //   adamw    one pass: reads g, m, V, p and writes m, V, p  G + 16 + 2P (f32 28, bf16 22)
+// The pass/ rows count the same traffic split by pass (experts: G, then
+// G + 2P; backbone: G + 8, then 4 + 2P).
 // A rank-1 tensor under a factored tier is updated exactly: the router's model,
 // or G + 24 + 2P with the backbone's momentum.
 //
@@ -33,6 +45,9 @@
 #include <benchmark/benchmark.h>
 
 #include <skewadam/skewadam.hpp>
+#include <skewadam/backend/cpu/cpu_backend.hpp>
+#include <skewadam/backend/cpu/phases.hpp>
+#include <skewadam/backend/work.hpp>
 
 #include "bench_params.hpp"
 
@@ -44,6 +59,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #if defined(_OPENMP)
@@ -197,6 +213,142 @@ void triad(benchmark::State& state, index_t n) {
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * n);
 }
 
+/// Copy over n floats: a = b (8 bytes per element counted).
+void copy(benchmark::State& state, index_t n) {
+  const int threads = static_cast<int>(state.range(0));
+  AlignedBuffer<float> a(n), b(n);
+  fill(a.get(), n, 6, 1.0f);
+  fill(b.get(), n, 7, 1.0f);
+  float* pa = a.get();
+  const float* pb = b.get();
+  for (auto _ : state) {
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (index_t i = 0; i < n; ++i) pa[i] = pb[i];
+    benchmark::DoNotOptimize(pa);
+    benchmark::ClobberMemory();
+  }
+  (void)threads;
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * 8 * n);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * n);
+}
+
+/// Read over n floats: their sum (4 bytes per element counted): what bounds
+/// a pass that only reads, such as the expert tier's statistics.
+void read(benchmark::State& state, index_t n) {
+  const int threads = static_cast<int>(state.range(0));
+  AlignedBuffer<float> b(n);
+  fill(b.get(), n, 7, 1.0f);
+  const float* pb = b.get();
+  for (auto _ : state) {
+    float sum = 0.0f;
+#if defined(_OPENMP)
+#pragma omp parallel for simd num_threads(threads) schedule(static) reduction(+ : sum)
+#endif
+    for (index_t i = 0; i < n; ++i) sum += pb[i];
+    benchmark::DoNotOptimize(sum);
+  }
+  (void)threads;
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * 4 * n);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * n);
+}
+
+/// One pass of one tensor's step alone, through the backend's own threads:
+/// statistics (with the finalize) or apply (after one full step, so that the
+/// apply pass has its statistics).
+template <class Rule, class T>
+void pass_run(benchmark::State& state, Kind kind, Shape shape, bool apply) {
+  namespace be = skewadam::backend;
+  using M = typename Rule::momentum;
+  using S = typename Rule::second_moment;
+  const int threads = static_cast<int>(state.range(0));
+  const Dtype dtype = skewadam::dtype_of<T>();
+  Buffers buf(dtype, shape, 3);
+  const index_t n = shape.numel();
+  const skewadam::MatrixGeometry g = shape.matrices();
+  const bool factored = S::factored && shape.rank() >= 2;
+  std::vector<float> m(M::has_state ? static_cast<std::size_t>(n) : 0), v(factored ? 0 : static_cast<std::size_t>(n));
+  std::vector<float> v_row(static_cast<std::size_t>(g.batch * g.rows)), v_col(static_cast<std::size_t>(g.batch * g.cols));
+  std::vector<float> col_partial(static_cast<std::size_t>(be::Cutting::partial_floats(g)));
+  std::vector<float> d_partial(col_partial.size());
+  std::vector<be::MatrixScratch> matrices(static_cast<std::size_t>(g.batch));
+  const index_t chunks = be::Cutting::chunks_per_matrix(g);
+  std::vector<double> unit_sum(static_cast<std::size_t>(g.batch * chunks));
+  be::CpuBackend<> backend;
+  backend.set_threads(threads);
+  backend.reserve_columns(g.cols);
+  be::TensorTask t;
+  t.param = dtype == Dtype::f32 ? static_cast<void*>(buf.p32.get()) : static_cast<void*>(buf.p16.get());
+  t.grad = dtype == Dtype::f32 ? static_cast<const void*>(buf.g32.get()) : static_cast<const void*>(buf.g16.get());
+  t.geom = g;
+  t.factored = factored;
+  t.scalars = skewadam::make_step_scalars(hyper, 1);
+  t.key = skewadam::RoundingKey{1, skewadam::tensor_id("w"), 1};
+  t.m = m.empty() ? nullptr : m.data();
+  t.v = v.empty() ? nullptr : v.data();
+  t.v_row = v_row.data();
+  t.v_col = v_col.data();
+  t.matrices = matrices.data();
+  t.col_partial = col_partial.empty() ? nullptr : col_partial.data();
+  t.d_partial = d_partial.empty() ? nullptr : d_partial.data();
+  t.unit_sum = unit_sum.data();
+  t.row_blocks = factored ? be::Cutting::row_blocks(g) : 1;
+  t.chunks_per_matrix = chunks;
+  const be::cpu::PhaseKernels k = be::cpu::split_phases(backend.kernels<Rule, T, T>());
+  std::vector<be::Unit> units;
+  be::append_units(t, 0, units);
+  t.kernel = k.full;
+  backend.run({&t, 1}, units);  // warm-up, and the statistics the apply pass uses
+  t.kernel = apply ? &k.apply_only : &k.statistics_only;
+  for (auto _ : state) backend.run({&t, 1}, units);
+  const index_t p = skewadam::dtype_size(dtype);
+  index_t bytes = 0;
+  switch (kind) {
+    case Kind::experts: bytes = apply ? 2 * p + p : p; break;
+    case Kind::backbone: bytes = apply ? 4 + 2 * p : p + 8; break;
+    default: bytes = bytes_per_element(kind, dtype, false); break;
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * bytes * n);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * n);
+  state.counters["bytes_per_elem"] = static_cast<double>(bytes);
+}
+
+void pass_bench(benchmark::State& state, Kind kind, Dtype dtype, Shape shape, bool apply) {
+  auto go = [&]<class T>() {
+    switch (kind) {
+      case Kind::experts: return pass_run<skewadam::ExpertRule, T>(state, kind, shape, apply);
+      case Kind::backbone: return pass_run<skewadam::BackboneRule, T>(state, kind, shape, apply);
+      case Kind::router: return pass_run<skewadam::RouterRule, T>(state, kind, shape, apply);
+      case Kind::adamw: return pass_run<skewadam::AdamWRule, T>(state, kind, shape, apply);
+    }
+  };
+  if (dtype == Dtype::f32) go.template operator()<float>();
+  else go.template operator()<skewadam::bf16>();
+}
+
+/// The stochastic-rounding bits of n elements, one vector of bits at a time
+/// as the kernels read them (the generator alone).
+void philox(benchmark::State& state, index_t n) {
+  namespace cpu = skewadam::backend::cpu;
+  const skewadam::RoundingKey key{1, skewadam::tensor_id("w"), 1};
+  cpu::visit_arch(cpu::selected_arch(), [&]<class A>() {
+    using V = cpu::vec_t<A>;
+    using Rng = std::conditional_t<std::is_same_v<A, skewadam::ScalarArch>, skewadam::RandomStream, cpu::RandomWindow<A>>;
+    constexpr index_t w = cpu::width_v<V>;
+    for (auto _ : state) {
+      Rng rng(key);
+      std::uint32_t x = 0;
+      for (index_t e = 0; e < n; e += w) {
+        if constexpr (std::is_same_v<A, skewadam::ScalarArch>) x ^= rng(e);
+        else x ^= *rng.at(e, w);
+      }
+      benchmark::DoNotOptimize(x);
+    }
+  });
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * n);
+}
+
 /// Concatenation by append (GCC 12 warns falsely on some operator+ chains).
 std::string join(std::initializer_list<std::string_view> parts) {
   std::string out;
@@ -230,6 +382,36 @@ void register_all() {
       ->Arg(2)
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);
+
+  benchmark::RegisterBenchmark("stream/copy", copy, triad_n)
+      ->ArgName("threads")
+      ->Arg(1)
+      ->Arg(2)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("stream/read", read, triad_n)
+      ->ArgName("threads")
+      ->Arg(1)
+      ->Arg(2)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("philox/bf16/4096x4096", philox, triad_n)
+      ->ArgName("threads")
+      ->Arg(1)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  for (Dtype dtype : {Dtype::f32, Dtype::bf16})
+    for (Kind kind : {Kind::experts, Kind::backbone})
+      for (bool apply : {false, true})
+        benchmark::RegisterBenchmark(join({"pass/", kind_name(kind), "/", skewadam::dtype_name(dtype), "/4096x4096/",
+                                           apply ? "apply" : "statistics"})
+                                         .c_str(),
+                                     pass_bench, kind, dtype, Shape{4096, 4096}, apply)
+            ->ArgName("threads")
+            ->Arg(1)
+            ->Arg(2)
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
 
   struct One {
     Kind kind;

@@ -1,7 +1,8 @@
 // The CPU backend's lane code against the scalar definitions it replaces:
 //   - Philox4x32-10 on SIMD lanes (random_lanes.hpp) against random_bits()
-//     (random.hpp, Random123's scalar Philox), through generate() and
-//     RandomWindow, for keys and counters that exercise every word;
+//     (random.hpp, Random123's scalar Philox), through generate(),
+//     RandomWindow and its runs, for keys and counters that exercise every
+//     word;
 //   - bf16 stochastic and round-to-nearest stores on integer lanes against
 //     StochasticRounding / NearestRounding::store (special values included);
 //   - bf16 and fp16 loads widened in registers against to_float().
@@ -108,6 +109,39 @@ TEST_CASE_TEMPLATE_DEFINE("RandomWindow serves random_bits for any access patter
   }
 }
 TEST_CASE_TEMPLATE_APPLY(random_window, SimdArchs);
+
+TEST_CASE_TEMPLATE_DEFINE("RandomWindow runs serve random_bits as the store loops walk them", Arch, random_run) {
+  {
+    CAPTURE(Arch::name());
+    constexpr index_t w = static_cast<index_t>(xsimd::batch<float, Arch>::size);
+    constexpr index_t window = RandomWindow<Arch>::window;
+    for (const RoundingKey& key : keys) {
+      for (index_t start : {index_t{0}, index_t{3}, window - 5, window - w, index_t{1} << 33}) {
+        RandomWindow<Arch> rng(key);
+        bool ok = true;
+        int runs = 0;
+        index_t e = start;
+        const index_t end = start + 5 * window + 7;
+        // as the kernels' for_lanes_stored: whole vectors from each run
+        while (e + w <= end) {
+          const RandomRun run = rng.run(e, w);
+          ++runs;
+          ok = ok && run.first == e && run.count >= w && run.count <= window + w;
+          const index_t stop = e + std::min(run.count, end - e) / w * w;
+          for (; e < stop; e += w) {
+            const std::uint32_t* p = run.at(e, w);
+            for (index_t k = 0; k < w; ++k) ok = ok && p[k] == random_bits(key, e + k) && run(e + k) == p[k];
+          }
+        }
+        CAPTURE(start);
+        CHECK(ok);
+        // one run per window crossed, not one per vector
+        CHECK(runs <= 7);
+      }
+    }
+  }
+}
+TEST_CASE_TEMPLATE_APPLY(random_run, SimdArchs);
 
 TEST_CASE_TEMPLATE_DEFINE("bf16 stores on lanes round exactly as the policies", Arch, bf16_store) {
   {

@@ -24,6 +24,7 @@
 
 #include "../../config.hpp"
 #include "../../random.hpp"
+#include "neon64_lanes.hpp"
 #include "x86_lanes.hpp"
 
 namespace skewadam::backend::cpu {
@@ -105,19 +106,17 @@ struct PhiloxLanes {
       }
       // Vector r of chain h holds, chunk by chunk, the four words of blocks
       // lanes h + n r + q (q < n); a block's eight elements take their low
-      // halves, then their high halves.
-      alignas(64) std::uint32_t lo[lanes], hi[lanes];
+      // halves, then their high halves: spread_halves() puts them in that
+      // order, two vectors of elements per vector of words.
       for (int h = 0; h < chains; ++h) {
         Ops::transpose4(c0[h], c1[h], c2[h], c3[h]);
         const U* v[4] = {&c0[h], &c1[h], &c2[h], &c3[h]};
         for (index_t r = 0; r < 4; ++r) {
-          (*v[r] & U(0xffffu)).store_aligned(lo);
-          (*v[r] >> 16).store_aligned(hi);
+          U e0, e1;
+          Ops::spread_halves(*v[r], e0, e1);
           std::uint32_t* o = out + elements_per_block * (lanes * h + n * r);
-          for (index_t q = 0; q < n; ++q) {
-            std::memcpy(o + 8 * q, lo + 4 * q, 4 * sizeof(std::uint32_t));
-            std::memcpy(o + 8 * q + 4, hi + 4 * q, 4 * sizeof(std::uint32_t));
-          }
+          e0.store_unaligned(o);
+          e1.store_unaligned(o + lanes);
         }
       }
     } else {
@@ -127,6 +126,19 @@ struct PhiloxLanes {
       }
     }
   }
+};
+
+/// The random bits of a run of elements that a RandomWindow has generated:
+/// elements [first, first + count), read without any check (see
+/// RandomWindow::run).
+struct RandomRun {
+  const std::uint32_t* bits;  ///< the bits of element `first`
+  index_t first;
+  index_t count;
+  SKEWADAM_ALWAYS_INLINE const std::uint32_t* at(index_t e, index_t /*count*/) const noexcept {
+    return bits + (e - first);
+  }
+  SKEWADAM_ALWAYS_INLINE std::uint32_t operator()(index_t e) const noexcept { return bits[e - first]; }
 };
 
 /// Random bits for increasing element indices, buffered by windows of
@@ -148,6 +160,15 @@ class RandomWindow {
     return buf_ + keep + (e - start_);
   }
   SKEWADAM_ALWAYS_INLINE std::uint32_t operator()(index_t e) noexcept { return *at(e, 1); }
+
+  /// The bits of elements [e, e + count) (count <= keep) and of the elements
+  /// after them that are buffered too, up to the window's end: a loop over
+  /// increasing elements reads them without a check per vector, and calls
+  /// run() again where the run ends.
+  SKEWADAM_ALWAYS_INLINE RandomRun run(index_t e, index_t count) noexcept {
+    const std::uint32_t* p = at(e, count);
+    return RandomRun{p, e, start_ + window - e};
+  }
 
  private:
   void refill(index_t e, index_t count) noexcept {

@@ -20,6 +20,7 @@
 #include "../../policies/stochastic_rounding.hpp"
 #include "arch.hpp"
 #include "random_lanes.hpp"
+#include "neon64_lanes.hpp"
 #include "x86_lanes.hpp"
 
 namespace skewadam::vmath {

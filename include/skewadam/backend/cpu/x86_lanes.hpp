@@ -2,16 +2,17 @@
 // Lane primitives the CPU kernels need beyond what xsimd 8 offers, for the
 // x86 architectures: 16-bit <-> 32-bit lane conversion in registers (bf16 and
 // fp16 loads, narrowing stores), a 32 x 32 -> 64-bit multiply split into high
-// and low words (Philox), and the 4 x 4 word interleave that puts Philox's
-// output in element order.
+// and low words (Philox), and the 4 x 4 word interleave and the spread of
+// each word's 16-bit halves that put Philox's output in element order.
 //
 // LaneOps<Arch> is selected by the architecture type alone: a function's body
 // never depends on a macro such as __AVX2__ (which would break the one
 // definition rule across translation units built with different flags). The
 // XSIMD_WITH_* guards below only decide whether a specialisation exists at
 // all; where it does not, the batch types of that architecture do not exist
-// either. Every other architecture (ScalarArch, NEON, plain AVX) gets the
-// primary template, native == false, and the kernels use portable code.
+// either. aarch64 NEON has its specialisation in neon64_lanes.hpp; every
+// other architecture (ScalarArch, plain AVX) gets the primary template,
+// native == false, and the kernels use portable code.
 
 #include <xsimd/xsimd.hpp>
 
@@ -72,6 +73,15 @@ struct LaneOps<Arch, std::enable_if_t<std::is_base_of_v<xsimd::avx512f, Arch>>> 
     x2 = _mm512_unpacklo_epi64(b, d);
     x3 = _mm512_unpackhi_epi64(b, d);
   }
+  /// Per 128-bit chunk q of x (four words): its low halves, then its high
+  /// halves, as 32-bit lanes: chunks 0 and 1 into e0, chunks 2 and 3 into e1.
+  static void spread_halves(const U& x, U& e0, U& e1) noexcept {
+    const __m512i lo = _mm512_and_si512(x, _mm512_set1_epi32(0xffff));
+    const __m512i hi = _mm512_srli_epi32(x, 16);
+    e0 = _mm512_permutex2var_epi32(lo, _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23), hi);
+    e1 = _mm512_permutex2var_epi32(lo, _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31),
+                                   hi);
+  }
 };
 #endif
 
@@ -111,6 +121,12 @@ struct LaneOps<Arch, std::enable_if_t<std::is_base_of_v<xsimd::avx2, Arch>>> {
     x2 = _mm256_unpacklo_epi64(b, d);
     x3 = _mm256_unpackhi_epi64(b, d);
   }
+  static void spread_halves(const U& x, U& e0, U& e1) noexcept {
+    const __m256i lo = _mm256_and_si256(x, _mm256_set1_epi32(0xffff));
+    const __m256i hi = _mm256_srli_epi32(x, 16);
+    e0 = _mm256_permute2x128_si256(lo, hi, 0x20);
+    e1 = _mm256_permute2x128_si256(lo, hi, 0x31);
+  }
 };
 #endif
 
@@ -148,6 +164,10 @@ struct LaneOps<Arch, std::enable_if_t<std::is_base_of_v<xsimd::sse4_1, Arch>>> {
     x1 = _mm_unpackhi_epi64(a, c);
     x2 = _mm_unpacklo_epi64(b, d);
     x3 = _mm_unpackhi_epi64(b, d);
+  }
+  static void spread_halves(const U& x, U& e0, U& e1) noexcept {
+    e0 = _mm_and_si128(x, _mm_set1_epi32(0xffff));
+    e1 = _mm_srli_epi32(x, 16);
   }
 };
 #endif
