@@ -46,8 +46,7 @@
 
 #include <skewadam/skewadam.hpp>
 #include <skewadam/backend/cpu/cpu_backend.hpp>
-#include <skewadam/backend/cpu/phases.hpp>
-#include <skewadam/backend/work.hpp>
+#include <skewadam/backend/cpu/work.hpp>
 
 #include "bench_params.hpp"
 
@@ -277,7 +276,6 @@ void pass_run(benchmark::State& state, Kind kind, Shape shape, bool apply) {
   std::vector<double> unit_sum(static_cast<std::size_t>(g.batch * chunks));
   be::CpuBackend<> backend;
   backend.set_threads(threads);
-  backend.reserve_columns(g.cols);
   be::TensorTask t;
   t.param = dtype == Dtype::f32 ? static_cast<void*>(buf.p32.get()) : static_cast<void*>(buf.p16.get());
   t.grad = dtype == Dtype::f32 ? static_cast<const void*>(buf.g32.get()) : static_cast<const void*>(buf.g16.get());
@@ -295,13 +293,16 @@ void pass_run(benchmark::State& state, Kind kind, Shape shape, bool apply) {
   t.unit_sum = unit_sum.data();
   t.row_blocks = factored ? be::Cutting::row_blocks(g) : 1;
   t.chunks_per_matrix = chunks;
-  const be::cpu::PhaseKernels k = be::cpu::split_phases(backend.kernels<Rule, T, T>());
-  std::vector<be::Unit> units;
-  be::append_units(t, 0, units);
-  t.kernel = k.full;
-  backend.run({&t, 1}, units);  // warm-up, and the statistics the apply pass uses
-  t.kernel = apply ? &k.apply_only : &k.statistics_only;
-  for (auto _ : state) backend.run({&t, 1}, units);
+  // The kernel table's passes alone: statistics and their finalize, or the
+  // update alone (it reads only the task's own state and scratch).
+  const be::KernelTable* full = backend.kernels<Rule, T, T>();
+  const be::KernelTable statistics_only{full->statistics, full->finalize, nullptr, full->finish};
+  const be::KernelTable apply_only{[](const be::TensorTask&, const be::Unit&, be::Scratch) {},
+                                   [](const be::TensorTask&, be::Scratch) {}, full->apply, nullptr};
+  t.kernel = full;
+  backend.run({&t, 1});  // warm-up, and the statistics the apply pass uses
+  t.kernel = apply ? &apply_only : &statistics_only;
+  for (auto _ : state) backend.run({&t, 1});
   const index_t p = skewadam::dtype_size(dtype);
   index_t bytes = 0;
   switch (kind) {
