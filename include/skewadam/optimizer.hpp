@@ -492,6 +492,15 @@ class Optimizer : public TierSettings {
       if (entries_[i].tier == t) b += engine_.state_bytes(i);
     return b;
   }
+  /// Device memory the optimizer holds, on a backend whose memory is a
+  /// device's (the CUDA backend): its state, its scratch and its step tables,
+  /// so that device_bytes() - state_bytes() is what it costs beyond its
+  /// state; sharded: this rank's.
+  index_t device_bytes() const noexcept
+    requires requires(const engine_type& e) { e.device_bytes(); }
+  {
+    return engine_.device_bytes();
+  }
   std::uint64_t seed() const noexcept { return seed_; }
 
   /// The engine: the placement's and backend's own members.

@@ -195,6 +195,7 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
     tensors_.push_back(std::move(e));
     try {
       Tables next = build_tables(counts);
+      fit_workspace(next.groups);
       R::synchronize(stream_);  // the zeroing and the tables' uploads
       undo_ = std::move(tables_);
       tables_ = std::move(next);
@@ -207,6 +208,7 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
   void pop_back() noexcept {
     tensors_.pop_back();
     tables_ = std::move(undo_);
+    for (Group& g : tables_.groups) g.arrays.workspace = workspace_.data();
     ++generation_;
   }
 
@@ -269,6 +271,21 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
   index_t state_bytes(std::size_t i) const noexcept {
     const DeviceState& s = tensors_[i].state;
     return static_cast<index_t>(s.m.bytes() + s.v.bytes() + s.v_row.bytes() + s.v_col.bytes());
+  }
+  /// Every byte of device memory the engine holds: the state, each tensor's
+  /// scratch, the step's tables (those of the last registration's undo
+  /// included) and the statistics workspace the groups share.
+  index_t device_bytes() const noexcept {
+    std::size_t b = workspace_.bytes() + control_d_.bytes() + outcome_.bytes() + clip_norm_sq_.bytes();
+    for (const Tensor& e : tensors_)
+      b += e.state.m.bytes() + e.state.v.bytes() + e.state.v_row.bytes() + e.state.v_col.bytes() +
+           e.scratch_f.bytes() + e.scratch_d.bytes() + e.done.bytes();
+    for (const Tables* t : {&tables_, &undo_}) {
+      b += t->d_tasks.bytes() + t->d_steps.bytes() + t->counts.bytes() + t->check_items.bytes() +
+           t->grad_tasks.bytes() + t->first.bytes() + t->value.bytes() + t->partial.bytes() + t->total.bytes();
+      for (const Group& g : t->groups) b += g.items.bytes() + g.tasks.bytes();
+    }
+    return static_cast<index_t>(b);
   }
 
   // ---------------------------------------------------------------- step
@@ -368,6 +385,7 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
     Array<WorkItem> items;
     Array<std::int32_t> tasks;
     GroupArrays arrays;
+    std::size_t workspace = 0;  ///< doubles of statistics workspace its passes need
   };
 
   struct Tensor {
@@ -522,6 +540,7 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
     if (ops.empty()) return;
     R::synchronize(stream_);  // the old lists may still be read
     std::vector<Group> groups = build_groups(ops);
+    fit_workspace(groups);
     tables_.groups = std::move(groups);
     ++generation_;
     for (std::size_t i = 0; i < tensors_.size(); ++i) tensors_[i].ops = ops[i];
@@ -547,9 +566,23 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
       Mem::upload(grp.items, lists.concatenated(), stream_);
       Mem::upload(grp.tasks, lists.tasks, stream_);
       grp.arrays = GroupArrays::of(lists, grp.items.data(), grp.tasks.data());
+      grp.workspace = lists.workspace_doubles();
       groups.push_back(std::move(grp));
     }
     return groups;
+  }
+
+  /// Grows the statistics workspace to what `groups` need (they run one after
+  /// another on the stream, so they share it) and points every group at it.
+  void fit_workspace(std::vector<Group>& groups) {
+    std::size_t need = 0;
+    for (const Group& g : groups) need = std::max(need, g.workspace);
+    if (need > workspace_.size()) {
+      R::synchronize(stream_);  // the old one may still be read
+      workspace_ = Array<double>(need);
+    }
+    for (std::vector<Group>* gs : {&groups, &tables_.groups, &undo_.groups})
+      for (Group& g : *gs) g.arrays.workspace = workspace_.data();
   }
 
   /// The tables of every registered tensor with these counts (n + 1:
@@ -604,6 +637,7 @@ class LocalEngine<Tiers, backend::CudaBackend<R>> {
   bool control_uploaded_ = false;
   Array<backend::cuda::CheckOutcome> outcome_;
   Array<double> clip_norm_sq_;      ///< the last clipping step's sum of g^2
+  Array<double> workspace_;         ///< the statistics passes' column partials (fit_workspace)
   const double* lr_device_ = nullptr;
   std::uint64_t generation_ = 0;    ///< changes whenever a captured graph would go stale
 };

@@ -139,6 +139,7 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
     entries_.push_back(std::move(e));
     try {
       Tables next = build_tables();
+      fit_workspace(next.groups);
       R::synchronize(stream_);  // the zeroing and the tables' uploads
       undo_ = std::move(tables_);
       tables_ = std::move(next);
@@ -152,6 +153,7 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
     if (entries_.back().split.split == Split::whole) --whole_experts_;
     entries_.pop_back();
     tables_ = std::move(undo_);
+    point_workspace(tables_.groups);
   }
 
   const TensorSplit& split(std::size_t i) const { return entries_[i].split; }
@@ -164,6 +166,22 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
   index_t state_bytes(std::size_t i) const noexcept {
     const Shares& s = entries_[i].state;
     return static_cast<index_t>(s.m.bytes() + s.v.bytes() + s.v_row.bytes() + s.v_col.bytes());
+  }
+  /// Every byte of device memory this rank's engine holds: its state, its
+  /// pieces' scratch, the step's tables (those of the last registration's
+  /// undo included) and the statistics workspace of its groups.
+  index_t device_bytes() const noexcept {
+    std::size_t b = workspace_.bytes() + outcome_.bytes() + total_.bytes();
+    for (const Entry& e : entries_)
+      b += e.state.m.bytes() + e.state.v.bytes() + e.state.v_row.bytes() + e.state.v_col.bytes() +
+           e.scratch_f.bytes() + e.scratch_d.bytes() + e.done.bytes();
+    for (const Tables* t : {&tables_, &undo_}) {
+      b += t->d_tasks.bytes() + t->d_steps.bytes() + t->sums.bytes() + t->divisors.bytes() + t->shard_sums.bytes() +
+           t->check_items.bytes() + t->grad_tasks.bytes() + t->first.bytes() + t->value.bytes() +
+           t->partial.bytes();
+      for (const Group& g : t->groups) b += g.items.bytes() + g.tasks.bytes();
+    }
+    return static_cast<index_t>(b);
   }
   std::vector<index_t> per_rank(index_t mine) const {
     std::vector<index_t> all(static_cast<std::size_t>(ranks()));
@@ -296,6 +314,8 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
     Array<WorkItem> items;
     Array<std::int32_t> tasks;
     backend::cuda::GroupArrays arrays;
+    std::size_t workspace = 0;     ///< doubles of statistics workspace its passes need
+    std::size_t workspace_at = 0;  ///< where they start in the engine's
   };
 
   /// Every piece of every tensor, as the kernels read them.
@@ -454,9 +474,11 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
       for (std::size_t i = 0; i < entries_.size(); ++i) {
         const Entry& e = entries_[i];
         if (ops[i] != o) continue;
+        lists.count(e.split.geom);  // owned here or not: a matrix is cut as one process cuts it
         for (std::size_t q = 0; q < e.pieces.size(); ++q) {
           const DeviceTask& d = t.tasks[e.first_piece + q];
-          lists.add(static_cast<std::int32_t>(e.first_piece + q), d.geom, d.row_blocks, d.chunks, e.cut());
+          lists.add(static_cast<std::int32_t>(e.first_piece + q), d.geom, d.row_blocks, d.chunks, e.cut(),
+                    d.full_rows);
         }
       }
       Group g;
@@ -464,9 +486,31 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
       Mem::upload(g.items, lists.concatenated(), stream_);
       Mem::upload(g.tasks, lists.tasks, stream_);
       g.arrays = backend::cuda::GroupArrays::of(lists, g.items.data(), g.tasks.data());
+      g.workspace = lists.workspace_doubles();
       groups.push_back(std::move(g));
     }
     return groups;
+  }
+
+  /// Grows the statistics workspace to what `groups` need, back to back
+  /// (every group's statistics pass runs before any group's finish), and
+  /// points every group at its part.
+  void fit_workspace(std::vector<Group>& groups) {
+    std::size_t need = 0;
+    for (Group& g : groups) {
+      g.workspace_at = need;
+      need += g.workspace;
+    }
+    if (need > workspace_.size()) {
+      R::synchronize(stream_);  // the old one may still be read
+      workspace_ = Array<double>(need);
+      point_workspace(tables_.groups);
+      point_workspace(undo_.groups);
+    }
+    point_workspace(groups);
+  }
+  void point_workspace(std::vector<Group>& groups) noexcept {
+    for (Group& g : groups) g.arrays.workspace = g.workspace == 0 ? nullptr : workspace_.data() + g.workspace_at;
   }
 
   // ---------------------------------------------------------- the step
@@ -485,6 +529,7 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
     if (!changed) return;
     R::synchronize(stream_);  // the old lists may still be read
     std::vector<Group> groups = build_groups(ops, tables_);
+    fit_workspace(groups);
     tables_.groups = std::move(groups);
     for (std::size_t i = 0; i < entries_.size(); ++i) entries_[i].ops = ops[i];
   }
@@ -682,6 +727,7 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
   Tables undo_;  ///< the tables before the last add (pop_back)
   Array<backend::cuda::CheckOutcome> outcome_;
   Array<double> total_;
+  Array<double> workspace_;  ///< the statistics passes' column partials (fit_workspace)
   // reused every step
   std::vector<std::size_t> stepped_;
   mutable std::vector<GradTask> grad_room_;

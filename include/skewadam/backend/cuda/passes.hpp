@@ -54,23 +54,23 @@ struct PassesOf {
 
   static void statistics(const GroupArrays& g, const DeviceTask* tasks, const TaskStep* steps, Stream s) {
     if (g.n_units > 0)
-      R::template launch<&statistics_kernel<Rule, P, G>>(blocks(g.n_units), block_threads, s, tasks, steps, g.units);
+      R::template launch<&statistics_kernel<Rule, P, G>>(blocks(g.n_units), block_threads, s, tasks, steps, g.units,
+                                                         g.workspace);
   }
   static void shard_sums(const GroupArrays& g, const DeviceTask* tasks, const TaskStep* steps, Stream s) {
     if constexpr (S::factored)
       if (g.n_shards > 0)
         R::template launch<&shard_sums_kernel<Rule, P, G>>(blocks(g.n_shards), block_threads, s, tasks, steps,
-                                                           g.shards);
+                                                           g.shards, static_cast<const double*>(g.workspace));
   }
   static void finish(const GroupArrays& g, const DeviceTask* tasks, const TaskStep* steps, Stream s) {
     if constexpr (S::factored) {
       if (g.n_columns > 0)
         R::template launch<&columns_kernel<Rule, P, G>>(blocks(g.n_columns), block_threads, s, tasks, steps,
-                                                        g.columns);
+                                                        g.columns, static_cast<const double*>(g.workspace));
     } else if constexpr (C::active) {
       if (g.n_tasks > 0)
-        R::template launch<&finalize_kernel<Rule, P, G>>(blocks((g.n_tasks + 127) / 128), 128u, s, tasks, steps,
-                                                         g.tasks, static_cast<int>(g.n_tasks));
+        R::template launch<&finalize_kernel<Rule, P, G>>(blocks(g.n_tasks), block_threads, s, tasks, steps, g.tasks);
     }
   }
   static void apply(const GroupArrays& g, const DeviceTask* tasks, const TaskStep* steps, Stream s) {
