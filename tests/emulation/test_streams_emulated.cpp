@@ -67,7 +67,7 @@ TEST_CASE("emulated streams: a copy on another stream reaches a kernel only once
   CHECK(out.get() == doubled);
 }
 
-TEST_CASE("emulated streams: DeviceMemory::clear is done when it returns; a zeroing alone is not") {
+TEST_CASE("emulated streams: DeviceMemory::clear is done when it returns, a zeroing alone is not") {
   using Mem = backend::cuda::DeviceMemory<R>;
   const std::vector<float> ones(100, 1.0f), zeros(100, 0.0f), twos(100, 2.0f);
   Floats a(ones, stream_a), out(zeros, stream_a);

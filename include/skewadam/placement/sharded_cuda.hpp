@@ -367,7 +367,7 @@ class ShardedEngine<Tiers, backend::CudaBackend<R>, Comm> {
         d.chunks = backend::cuda::chunks_of(d.geom);
       }
       // each piece's scratch 64-byte aligned, as a whole tensor's is (the
-      // quad walks load its column partials as 16-byte quads)
+      // quad walks load its 1 / col_j as 16-byte quads)
       backend::cuda::ScratchSizes sz = backend::cuda::scratch_sizes(d, e.split.factored);
       sz.floats = (sz.floats + 15) / 16 * 16;
       sz.doubles = (sz.doubles + 7) / 8 * 8;
