@@ -52,7 +52,7 @@ void poke(fixture::Tensor& t, std::size_t at, float value) {
 #define REFUSED(call, words) \
   CHECK_THROWS_WITH_AS(call, doctest::Contains(std::string(words).c_str()), std::invalid_argument)
 
-TEST_CASE("device counts: step() waits for nothing; counts and the report are read when asked") {
+TEST_CASE("device counts: step() waits for nothing, counts and the report are read when asked") {
   for (NonFinitePolicy policy : {NonFinitePolicy::skip_step, NonFinitePolicy::unchecked})
   for (double max_norm : {0.0, 0.5}) {  // max_grad_norm: clipped on the device
     INFO("policy ", nonfinite_policy_name(policy), ", max_grad_norm ", max_norm);
