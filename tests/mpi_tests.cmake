@@ -52,7 +52,7 @@ foreach(_name IN ITEMS bank3d_tensor_clip bank3d_matrix_clip uniform_3d)
   endif()
 endforeach()
 
-# The sharded placement over the CUDA backend (placement/sharded_cuda.hpp),
+# The sharded placement over the CUDA backend (backend/cuda/cuda_backend.hpp),
 # its kernels emulated on the host: every golden case at 2 and 3 ranks (rows
 # cut between ranks; whole experts), expert banks by rows, and a checkpoint
 # saved by 2 ranks resumed by 3.

@@ -51,7 +51,7 @@ RunResult run(const RunSpec& spec);
 std::vector<std::uint16_t> stochastic_round(const std::vector<float>& x, Dtype dtype, RoundingKey key);
 
 /// make_step_scalars(h, t) for each t, formed on the GPU (as the CUDA
-/// engine's begin_step_kernel forms them).
+/// backend's begin_step_kernel forms them).
 std::vector<StepScalars> device_step_scalars(const Hyperparameters& h, const std::vector<std::int64_t>& steps);
 
 /// Bad input must throw std::invalid_argument: returns the messages of the
