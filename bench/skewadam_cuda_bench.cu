@@ -161,6 +161,7 @@ Row copy_roofline(cudaStream_t s, int reps) {
   DeviceBuffer<std::uint8_t> a(bytes), b(bytes);
   check(cudaMemset(a.data(), 1, bytes), "cudaMemset");
   check(cudaMemset(b.data(), 2, bytes), "cudaMemset");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the memsets (legacy stream) before the copies on s
   Row r;
   r.name = "copy/device-to-device/1GiB";
   r.ms = median_ms(s, reps, 5, [&] {

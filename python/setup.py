@@ -33,14 +33,17 @@ if not (INCLUDE / "skewadam" / "skewadam.hpp").is_file():
 
 
 def include_dirs():
+    # Eigen and the other header-only dependencies: the system's, or folders
+    # named in CPATH (scripts/gpu-check points it at scripts/gpu-pack's folder)
     dirs = [str(INCLUDE)]
-    for eigen in ("/usr/include/eigen3", "/usr/local/include/eigen3"):
-        if os.path.isdir(eigen):
+    cpath = [d for d in os.environ.get("CPATH", "").split(os.pathsep) if d]
+    for eigen in ("/usr/include/eigen3", "/usr/local/include/eigen3", *cpath):
+        if os.path.isfile(os.path.join(eigen, "Eigen", "Core")):
             dirs.append(eigen)
             break
     else:
-        sys.exit("skewadam: Eigen's headers were not found (Debian: libeigen3-dev)")
-    return dirs
+        sys.exit("skewadam: Eigen's headers were not found (Debian: libeigen3-dev; or name their folder in CPATH)")
+    return dirs + [d for d in cpath if d not in dirs]
 
 
 def with_cuda():

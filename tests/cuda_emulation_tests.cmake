@@ -4,7 +4,8 @@
 # show (long rows' sums), and the rounding tests the CPU backend's 16-bit bits.
 add_executable(skewadam-cuda-emulation-tests emulation/test_cuda_kernels_emulated.cpp
                emulation/test_contract_cuda_emulated.cpp emulation/test_device_steps_emulated.cpp
-               emulation/test_rounding_emulated.cpp)
+               emulation/test_rounding_emulated.cpp emulation/test_schedules_emulated.cpp
+               emulation/test_streams_emulated.cpp)
 target_link_libraries(skewadam-cuda-emulation-tests PRIVATE skewadam::skewadam skewadam_tooling skewadam_warnings
                       doctest::doctest)
 target_include_directories(skewadam-cuda-emulation-tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/support)
@@ -16,7 +17,12 @@ target_compile_options(skewadam-cuda-emulation-tests PRIVATE $<$<CXX_COMPILER_ID
 # (the kernels' source defines main(): it stays alone)
 skewadam_unity_tests(skewadam-cuda-emulation-tests 2)
 set_source_files_properties(emulation/test_cuda_kernels_emulated.cpp PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
-doctest_discover_tests(skewadam-cuda-emulation-tests TEST_PREFIX "cuda-emulation/" PROPERTIES LABELS cuda-emulation)
+# They run with the blocks of every launch shuffled and spread over two host
+# threads (cuda_emulation.hpp), so that a race between blocks fails them; the
+# golden cases below with the blocks shuffled on one thread, their resumed
+# runs in the serial order.
+doctest_discover_tests(skewadam-cuda-emulation-tests TEST_PREFIX "cuda-emulation/"
+                       PROPERTIES LABELS cuda-emulation ENVIRONMENT SKEWADAM_EMU_BLOCKS=concurrent:2)
 
 # Every golden case (each set, golden_cases.cmake) through skewadam-replay
 # --backend cuda-emulated, and resumed at several steps as the CPU's
@@ -40,5 +46,6 @@ foreach(_set IN LISTS SKEWADAM_GOLDEN_SETS)
                      -P ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/resume_case.cmake)
     set_tests_properties(${_set}/${_name}/cuda-emulated cuda-emulation/${_resume}.${_name} PROPERTIES
                          LABELS cuda-emulation)
+    set_tests_properties(${_set}/${_name}/cuda-emulated PROPERTIES ENVIRONMENT SKEWADAM_EMU_BLOCKS=shuffled)
   endforeach()
 endforeach()

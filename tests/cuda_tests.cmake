@@ -14,6 +14,7 @@ foreach(_tc IN ITEMS
     "bf16 with stochastic rounding: bit-identical to the CPU backend"
     "stochastic rounding: the GPU gives the CPU's bits for the same value and key"
     "the GPU step is deterministic"
+    "step scalars: the GPU forms the host's bits"
     "bad input raises std::invalid_argument naming the argument")
   string(REGEX REPLACE "[^A-Za-z0-9]+" "-" _id "${_tc}")
   string(REGEX REPLACE "-$" "" _id "${_id}")

@@ -43,7 +43,7 @@ foreach(_set IN LISTS SKEWADAM_GOLDEN_SETS)
       set_tests_properties(${_set}-mpi/${_name}/ranks-${_ranks}/independent-check PROPERTIES
                            DEPENDS ${_set}-mpi/${_name}/ranks-${_ranks} LABELS mpi)
     endforeach()
-    # The sharded placement over the CUDA backend (placement/sharded_cuda.hpp),
+    # The sharded placement over the CUDA backend (backend/cuda/cuda_backend.hpp),
     # its kernels emulated on the host: at 2 and 3 ranks (rows cut between
     # ranks; whole experts).
     foreach(_ranks 2 3)

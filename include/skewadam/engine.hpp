@@ -189,6 +189,13 @@ class Engine {
   index_t state_bytes(std::size_t i) const noexcept { return backend_.state_bytes(i); }
   /// Memory the backend holds besides the state (scratch, tables).
   index_t scratch_bytes() const noexcept { return backend_.scratch_bytes(); }
+  /// Every byte of device memory the backend holds (the state and the
+  /// rest), on a backend whose memory is a device's.
+  index_t device_bytes() const noexcept requires(!Backend::host_memory) {
+    index_t b = backend_.scratch_bytes();
+    for (std::size_t i = 0; i < tensors_.size(); ++i) b += backend_.state_bytes(i);
+    return b;
+  }
 
   /// Completes every process's copy of tensor i's parameter from its owners.
   void gather_param(std::size_t i, const ParamView& p) requires(Placement::sharded) {

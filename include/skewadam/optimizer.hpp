@@ -466,6 +466,15 @@ class Optimizer : public TierSettings {
   std::uint64_t seed() const noexcept { return seed_; }
   /// Memory the backend holds besides the state (its scratch and tables).
   index_t scratch_bytes() const noexcept { return engine_.scratch_bytes(); }
+  /// Device memory the optimizer holds, on a backend whose memory is a
+  /// device's (the CUDA backend): its state, its scratch and its step tables,
+  /// so that device_bytes() - state_bytes() is what it costs beyond its
+  /// state; sharded: this rank's.
+  index_t device_bytes() const noexcept
+    requires requires(const engine_type& e) { e.device_bytes(); }
+  {
+    return engine_.device_bytes();
+  }
 
   /// The engine: the placement's and backend's own members.
   engine_type& engine() noexcept { return engine_; }

@@ -26,82 +26,22 @@
 #include <skewadam_tools/cuda_runner.hpp>
 #include <skewadam_tools/golden_case.hpp>
 
+#include "../support/cuda_run_reference.hpp"
 #include "../support/golden_dirs.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
 namespace gpu = skewadam::tools::cuda;
+using skewadam::test::Rng;
+using skewadam::test::rule_name;
+using skewadam::test::run_cpu;
 using skewadam::bf16;
 using skewadam::Dtype;
 using skewadam::index_t;
 
 using skewadam::test::golden_cases;
 using skewadam::test::golden_dir;
-
-/// xorshift64: deterministic test data.
-struct Rng {
-  std::uint64_t s;
-  explicit Rng(std::uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ULL + 1) {}
-  std::uint64_t next() {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    return s;
-  }
-  float uniform(float lo, float hi) { return lo + (hi - lo) * static_cast<float>(next() >> 40) * 0x1p-24f; }
-  int integer(int lo, int hi) { return lo + static_cast<int>(next() % static_cast<std::uint64_t>(hi - lo + 1)); }
-};
-
-const char* rule_name(gpu::RuleKind k) {
-  switch (k) {
-    case gpu::RuleKind::backbone: return "backbone";
-    case gpu::RuleKind::experts: return "experts";
-    case gpu::RuleKind::router: return "router";
-    case gpu::RuleKind::exact_momentum: return "exact_momentum";
-    case gpu::RuleKind::adamw: return "adamw";
-  }
-  return "?";
-}
-
-/// The same steps on the CPU backend (one thread, no non-finite check).
-template <class T>
-gpu::RunResult run_cpu(const gpu::RunSpec& spec) {
-  auto go = [&]<class Rule>() {
-    using Opt = skewadam::Optimizer<skewadam::TierRules<Rule, Rule, Rule>>;
-    Opt opt(spec.hyper, skewadam::OptimizerOptions{.seed = spec.seed, .threads = 1,
-                                                   .nonfinite = skewadam::NonFinitePolicy::unchecked});
-    const skewadam::Shape shape(spec.shape.begin(), static_cast<index_t>(spec.shape.size()), "shape");
-    const index_t n = shape.numel();
-    std::vector<T> p(static_cast<std::size_t>(n));
-    std::memcpy(p.data(), spec.param0, p.size() * sizeof(T));
-    const T* grads = static_cast<const T*>(spec.grads);
-    const auto id = opt.add(spec.name, skewadam::Tier::backbone, skewadam::TensorView<T>(p.data(), shape));
-    gpu::RunResult out;
-    out.params.resize(static_cast<std::size_t>(spec.steps * n) * sizeof(T));
-    for (std::int64_t t = 0; t < spec.steps; ++t) {
-      opt.set_grad(id, skewadam::TensorView<const T>(grads + t * n, shape));
-      opt.set_lr(spec.lr[static_cast<std::size_t>(t)]);
-      opt.step();
-      std::memcpy(out.params.data() + static_cast<std::size_t>(t * n) * sizeof(T), p.data(), p.size() * sizeof(T));
-    }
-    const auto s = opt.state(id);
-    out.state.m.assign(s.m.begin(), s.m.end());
-    out.state.v.assign(s.v.begin(), s.v.end());
-    out.state.v_row.assign(s.v_row.begin(), s.v_row.end());
-    out.state.v_col.assign(s.v_col.begin(), s.v_col.end());
-    out.state.step = s.step;
-    return out;
-  };
-  switch (spec.rule) {
-    case gpu::RuleKind::backbone: return go.template operator()<skewadam::BackboneRule>();
-    case gpu::RuleKind::experts: return go.template operator()<skewadam::ExpertRule>();
-    case gpu::RuleKind::router: return go.template operator()<skewadam::RouterRule>();
-    case gpu::RuleKind::exact_momentum: return go.template operator()<skewadam::ExactMomentumRule>();
-    case gpu::RuleKind::adamw: return go.template operator()<skewadam::AdamWRule>();
-  }
-  return {};
-}
 
 const std::vector<std::vector<std::int64_t>> parity_shapes = {{3, 70, 129}, {300, 257}, {1000}, {1, 1}, {2, 5, 3, 40}};
 const gpu::RuleKind all_rules[] = {gpu::RuleKind::backbone, gpu::RuleKind::experts, gpu::RuleKind::router,
@@ -273,6 +213,30 @@ TEST_CASE("the GPU step is deterministic") {
     s.graph = true;
     const auto c = gpu::run(s);
     CHECK(a.params == c.params);
+  }
+}
+
+TEST_CASE("step scalars: the GPU forms the host's bits") {
+  // every t in 1..10^6 for the usual betas (beta^t by binary powering in
+  // double-double, step_scalars.hpp: no device pow)
+  std::vector<std::int64_t> steps(1'000'000);
+  for (std::size_t i = 0; i < steps.size(); ++i) steps[i] = static_cast<std::int64_t>(i) + 1;
+  steps.push_back(std::int64_t{1} << 40);
+  for (double b2 : {0.9, 0.95, 0.98, 0.99, 0.999, 0.9999}) {
+    const skewadam::Hyperparameters h{.lr = 3e-4, .beta1 = 0.9, .beta2 = b2, .eps = 1e-8, .weight_decay = 0.05};
+    const auto got = gpu::device_step_scalars(h, steps);
+    REQUIRE(got.size() == steps.size());
+    std::size_t differ = 0, first = 0;
+    for (std::size_t i = got.size(); i-- > 0;) {
+      const skewadam::StepScalars want = skewadam::make_step_scalars(h, steps[i], 1.0);
+      if (std::memcmp(&want, &got[i], sizeof want) != 0) {
+        ++differ;
+        first = i;
+      }
+    }
+    CAPTURE(b2);
+    CAPTURE(first);
+    CHECK(differ == 0);
   }
 }
 

@@ -24,6 +24,7 @@
 #include <skewadam/eigen_view.hpp>
 #include <skewadam_tools/golden_case.hpp>
 
+#include "../support/device_floats.hpp"
 #include "../support/golden_dirs.hpp"
 
 namespace {
@@ -34,19 +35,9 @@ namespace cu = backend::cuda;
 template <class Tiers = SkewAdamTiers>
 using GpuOptimizer = Optimizer<Tiers, cuda::Backend>;
 
-/// n floats of device memory, filled from / read into host vectors.
-struct DeviceFloats {
-  cu::DeviceBuffer<float> d;
-  explicit DeviceFloats(const std::vector<float>& h) : d(h.size()) { put(h); }
-  void put(const std::vector<float>& h) {
-    cu::check(cudaMemcpy(d.data(), h.data(), 4 * h.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
-  }
-  std::vector<float> get() const {
-    std::vector<float> h(d.size());
-    cu::check(cudaMemcpy(h.data(), d.data(), 4 * h.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
-    return h;
-  }
-};
+/// Floats of device memory, copied in stream order (device_floats.hpp): on
+/// the legacy stream, or on the stream of the optimizer that reads them.
+using DeviceFloats = test::DeviceFloats<cu::DeviceRuntime>;
 
 }  // namespace
 
@@ -191,7 +182,7 @@ TEST_CASE("front-end on the GPU: a captured step replays as ordinary steps do, c
   cu::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   {
     std::vector<float> w(300 * 257, 0.5f), gw(w.size(), 0.01f);
-    DeviceFloats p1(w), p2(w), g(gw);
+    DeviceFloats p1(w, s), p2(w, s), g(gw, s);  // uploaded on the optimizers' stream
     GpuOptimizer<> stepped(Hyperparameters{.lr = 1e-2}, {.stream = s});
     GpuOptimizer<> replayed(Hyperparameters{.lr = 1e-2}, {.stream = s});
     const TensorView<const float> gv(g.d.data(), {300, 257});
@@ -202,8 +193,7 @@ TEST_CASE("front-end on the GPU: a captured step replays as ordinary steps do, c
     for (int t = 1; t <= 4; ++t) {
       for (std::size_t i = 0; i < gw.size(); ++i) gw[i] = 0.01f * static_cast<float>((i * 7 + t) % 13) - 0.06f;
       if (t == 3) gw[77] = std::numeric_limits<float>::quiet_NaN();
-      cu::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-      g.put(gw);
+      g.put(gw);  // in stream order after the last replay (which reads the gradient)
       if (t == 2) {
         replayed.set_lr(5e-3);
         stepped.set_lr(5e-3);

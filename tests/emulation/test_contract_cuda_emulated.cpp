@@ -1,5 +1,5 @@
-// The contract suite (support/contract_suite.hpp) over the CUDA engine
-// (placement/local_cuda.hpp) and the CUDA kernels, run on the host by the
+// The contract suite (support/contract_suite.hpp) over the CUDA backend
+// (backend/cuda/cuda_backend.hpp) and the CUDA kernels, run on the host by the
 // emulated runtime (skewadam_tools/emulated_runtime.hpp): the whole GPU path above the CUDA
 // runtime's few calls, on machines without a GPU; and Eigen objects as its
 // parameters.

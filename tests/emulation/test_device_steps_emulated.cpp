@@ -1,4 +1,4 @@
-// Steps counted on the device (the CUDA engine, placement/local_cuda.hpp,
+// Steps counted on the device (the CUDA backend, backend/cuda/cuda_backend.hpp,
 // over the emulated runtime): step() waits for nothing, counts and reports
 // are read when asked, and a step captured as a graph replays exactly as
 // ordinary steps do, skips and clipping included; what a graph cannot do is
@@ -52,7 +52,7 @@ void poke(fixture::Tensor& t, std::size_t at, float value) {
 #define REFUSED(call, words) \
   CHECK_THROWS_WITH_AS(call, doctest::Contains(std::string(words).c_str()), std::invalid_argument)
 
-TEST_CASE("device counts: step() waits for nothing; counts and the report are read when asked") {
+TEST_CASE("device counts: step() waits for nothing, counts and the report are read when asked") {
   for (NonFinitePolicy policy : {NonFinitePolicy::skip_step, NonFinitePolicy::unchecked})
   for (double max_norm : {0.0, 0.5}) {  // max_grad_norm: clipped on the device
     INFO("policy ", nonfinite_policy_name(policy), ", max_grad_norm ", max_norm);

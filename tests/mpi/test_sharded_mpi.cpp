@@ -1,7 +1,8 @@
 // The sharded optimizer over MPI against the single-process one, on the mixed
 // model of sharded_checks.hpp; under mpirun with 2..4 ranks. With --backend
-// cuda-emulated, the sharded CUDA engine (placement/sharded_cuda.hpp) against
-// the local CUDA engine, their kernels emulated on the host.
+// cuda-emulated, the sharded placement over the CUDA backend
+// (backend/cuda/cuda_backend.hpp) against the local one, their kernels
+// emulated on the host.
 
 #include <skewadam_tools/emulated_runtime.hpp>
 

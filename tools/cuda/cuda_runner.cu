@@ -1,7 +1,10 @@
 // tools/common/skewadam_tools/cuda_runner.hpp on the optimizer front-end over
-// the CUDA backend (skewadam/cuda.cuh).
+// the CUDA backend (skewadam/cuda.cuh). Every copy of a run is ordered on the
+// optimizer's own (non-blocking) stream (cuda_steps.hpp); the rounding check
+// runs on the legacy stream, whose copies order its kernel.
 
 #include <skewadam_tools/cuda_runner.hpp>
+#include <skewadam_tools/cuda_steps.hpp>
 
 #include <cuda_runtime.h>
 
@@ -31,71 +34,15 @@ struct Stream {
   Stream& operator=(const Stream&) = delete;
 };
 
-template <class T, class G>
-RunResult run_typed(const RunSpec& spec) {
-  const Shape shape(spec.shape.begin(), static_cast<index_t>(spec.shape.size()), "shape");
-  const index_t n = shape.numel();
-  const auto bytes = static_cast<std::size_t>(n) * sizeof(T);
-  const auto grad_bytes = static_cast<std::size_t>(n) * sizeof(G);
-  if (spec.lr.size() != static_cast<std::size_t>(spec.steps))
-    throw std::invalid_argument("lr: " + std::to_string(spec.lr.size()) + " values for " + std::to_string(spec.steps) +
-                                " steps");
-  RunResult out;
-  out.params.resize(bytes * static_cast<std::size_t>(spec.steps));
-  Stream stream;
-  DeviceBuffer<std::uint8_t> p(bytes), g(grad_bytes);
-  DeviceBuffer<double> lr(3);
-  check(cudaMemcpy(p.data(), spec.param0, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (param0)");
-
-  auto go = [&]<class Rule>() {
-    skewadam::cuda::Optimizer<TierRules<Rule, Rule, Rule>> opt(spec.hyper, {.seed = spec.seed, .stream = stream.s});
-    const ParamId id = opt.add(spec.name, Tier::backbone, TensorView<T>(reinterpret_cast<T*>(p.data()), shape),
-                               TensorView<const G>(reinterpret_cast<const G*>(g.data()), shape));
-    std::optional<typename decltype(opt)::StepGraph> graph;
-    if (spec.graph) opt.set_lr_device(lr.data());
-    for (std::int64_t t = 0; t < spec.steps; ++t) {
-      const auto* src = static_cast<const std::uint8_t*>(spec.grads) + static_cast<std::size_t>(t) * grad_bytes;
-      check(cudaMemcpyAsync(g.data(), src, grad_bytes, cudaMemcpyHostToDevice, stream.s), "cudaMemcpyAsync (grad)");
-      const double l = spec.lr[static_cast<std::size_t>(t)];
-      if (spec.graph) {
-        const double three[3] = {l, l, l};
-        check(cudaMemcpyAsync(lr.data(), three, sizeof three, cudaMemcpyHostToDevice, stream.s), "cudaMemcpyAsync (lr)");
-        check(cudaStreamSynchronize(stream.s), "cudaStreamSynchronize");
-        if (t == 0) {
-          opt.step();  // an ordinary step first; later steps replay a capture
-        } else {
-          if (!graph) graph.emplace(opt.capture_step());
-          opt.replay(*graph);
-        }
-      } else {
-        opt.set_lr(l);
-        opt.step();
-      }
-      check(cudaMemcpyAsync(out.params.data() + static_cast<std::size_t>(t) * bytes, p.data(), bytes,
-                            cudaMemcpyDeviceToHost, stream.s),
-            "cudaMemcpyAsync (param)");
-      check(cudaStreamSynchronize(stream.s), "cudaStreamSynchronize");
-    }
-    out.state = opt.export_state().params[static_cast<std::size_t>(id.index)].state;
-  };
-  auto rounded = [&]<class Rule>() {
-    if (spec.nearest) go.template operator()<typename Rule::template with_rounding<NearestRounding>>();
-    else go.template operator()<Rule>();
-  };
-  switch (spec.rule) {
-    case RuleKind::backbone: rounded.template operator()<BackboneRule>(); break;
-    case RuleKind::experts: rounded.template operator()<ExpertRule>(); break;
-    case RuleKind::router: rounded.template operator()<RouterRule>(); break;
-    case RuleKind::exact_momentum: rounded.template operator()<ExactMomentumRule>(); break;
-    case RuleKind::adamw: rounded.template operator()<AdamWRule>(); break;
-  }
-  return out;
-}
-
 template <class T>
 __global__ void round_kernel(const float* x, std::uint16_t* out, index_t n, RoundingKey key) {
   const index_t i = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = bits_of(StochasticRounding::store<T>(x[i], random_bits(key, i)));
+}
+
+__global__ void step_scalars_kernel(Hyperparameters h, const std::int64_t* steps, StepScalars* out, index_t n) {
+  const index_t i = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = make_step_scalars(h, steps[i], 1.0);
 }
 
 }  // namespace
@@ -112,16 +59,8 @@ std::string device_description() {
 }
 
 RunResult run(const RunSpec& spec) {
-  const Dtype grad = spec.grad_dtype.value_or(spec.dtype);
-  if (grad != spec.dtype && grad != Dtype::f32)
-    throw std::invalid_argument("grad_dtype: must be f32 or the parameter's dtype");
-  const bool f32_grads = grad == Dtype::f32;
-  switch (spec.dtype) {
-    case Dtype::f32: return run_typed<float, float>(spec);
-    case Dtype::bf16: return f32_grads ? run_typed<bf16, float>(spec) : run_typed<bf16, bf16>(spec);
-    case Dtype::f16: return f32_grads ? run_typed<f16, float>(spec) : run_typed<f16, f16>(spec);
-  }
-  throw std::invalid_argument("dtype: unknown");
+  Stream stream;
+  return run_steps<backend::cuda::DeviceRuntime>(spec, stream.s);
 }
 
 std::vector<std::uint16_t> stochastic_round(const std::vector<float>& x, Dtype dtype, RoundingKey key) {
@@ -138,6 +77,20 @@ std::vector<std::uint16_t> stochastic_round(const std::vector<float>& x, Dtype d
   check(cudaGetLastError(), "round_kernel launch");
   check(cudaMemcpy(y.data(), dy.data(), y.size() * sizeof(std::uint16_t), cudaMemcpyDeviceToHost), "cudaMemcpy");
   return y;
+}
+
+std::vector<StepScalars> device_step_scalars(const Hyperparameters& h, const std::vector<std::int64_t>& steps) {
+  std::vector<StepScalars> out(steps.size());
+  if (steps.empty()) return out;
+  const auto n = static_cast<index_t>(steps.size());
+  DeviceBuffer<std::int64_t> ds(steps.size());
+  DeviceBuffer<StepScalars> dout(steps.size());
+  check(cudaMemcpy(ds.data(), steps.data(), steps.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice),
+        "cudaMemcpy");
+  step_scalars_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(h, ds.data(), dout.data(), n);
+  check(cudaGetLastError(), "step_scalars_kernel launch");
+  check(cudaMemcpy(out.data(), dout.data(), out.size() * sizeof(StepScalars), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  return out;
 }
 
 std::vector<std::string> bad_input_messages() {

@@ -35,8 +35,8 @@
 // Sharded (built with SKEWADAM_WITH_MPI), under mpirun -np N:
 //   --shard          run the case sharded over MPI_COMM_WORLD (the sharded
 //                    placement, dist/sharded_optimizer.hpp; with --backend
-//                    cuda-emulated, placement/sharded_cuda.hpp's engine over
-//                    the emulated CUDA backend); rank 0 reports and writes
+//                    cuda-emulated, placement/sharded.hpp over the
+//                    emulated CUDA backend); rank 0 reports and writes
 //                    --out; --stop-after, --save and --load work as above
 //                    (checkpoints saved with any rank count load with any)
 //   --expert-rows    shard a bank [E, r, c] by rows instead of whole experts

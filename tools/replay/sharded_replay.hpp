@@ -1,7 +1,7 @@
 #pragma once
 // skewadam-replay --shard: a golden case run by the sharded placement over MPI
 // (built with SKEWADAM_WITH_MPI), on the CPU backend or on the emulated CUDA
-// backend (placement/sharded_cuda.hpp). Every rank loads the case; the parameter is
+// backend (backend/cuda/cuda_backend.hpp). Every rank loads the case; the parameter is
 // registered as an expert bank when it has rank >= 3 (sharded by whole
 // experts, or by rows with --expert-rows), else as a backbone tensor (sharded
 // by rows). After every step the ranks gather the parameter, so each holds the

@@ -4,68 +4,191 @@
 // passes) is tested on machines without a GPU. Include this before
 // kernels.cuh in a translation unit compiled by the C++ compiler.
 //
-// A block is blockDim.x fibers on the calling thread (each started with
+// A block is blockDim.x fibers on one host thread (each started with
 // makecontext, then switched with _setjmp/_longjmp, which unlike
 // swapcontext make no system call; with _FORTIFY_SOURCE, whose longjmp
-// refuses to change stacks, swapcontext throughout), run in
-// thread order until each reaches a barrier; a barrier opens when every
-// thread of its block (__syncthreads) or warp (__shfl_xor_sync) that has not
-// returned waits at it. Blocks run one after another; __shared__ variables
-// are static. Scheduling is deterministic: the same launch interleaves the
-// same way every time. As faithful as these few intrinsics and no more:
-// timing and memory-model subtleties are not emulated, and a kernel whose
-// threads wait at different barriers is reported (std::logic_error from
-// emu::launch) rather than hung.
+// refuses to change stacks, swapcontext throughout), run in thread order
+// until each reaches a barrier; a barrier opens when every thread of its
+// block (__syncthreads) or warp (__shfl_xor_sync) that has not returned
+// waits at it. __shared__ variables are per host thread, so each block has
+// its own. A kernel whose threads wait at different barriers is reported
+// (std::logic_error from emu::launch) rather than hung.
+//
+// The blocks of a launch run in the order the schedule gives (emu::Schedule,
+// from SKEWADAM_EMU_BLOCKS unless a test sets it):
+//   serial           block 0, 1, 2, ... on the calling thread (the default):
+//                    the same launch interleaves the same way every time
+//   shuffled[:SEED]  one after another on the calling thread, in an order
+//                    drawn anew for each launch from SEED: a block that
+//                    reads what a later block of the same launch writes
+//                    (a cross-block race) sees it only by chance
+//   concurrent[:N]   shuffled, and N host threads (default 2) take the
+//                    blocks as they come, so that blocks overlap in time
+// A kernel that is right on a GPU gives the same bits under all three (its
+// cross-block results are ordered by counters and fences, atomicAdd is
+// atomic here); a racy one differs under the last two.
+//
+// A vector access of kernels.cuh (load_quad, store_quad) at an address that
+// is not a multiple of its size, which faults on a GPU, is reported by the
+// launch as a std::logic_error naming the address, the block and the thread.
+// Timing and memory-model subtleties beyond these are not emulated.
 
 #include <setjmp.h>
 #include <ucontext.h>
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <numeric>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
+#define SKEWADAM_CUDA_EMULATION 1
 #define __global__
 #define __device__
 #define __host__
-#define __shared__ static
+#define __shared__ static thread_local
 #define __launch_bounds__(...)
 
 struct uint3 {
   unsigned x = 0, y = 0, z = 0;
 };
-inline uint3 threadIdx;
-inline uint3 blockIdx;
-inline uint3 blockDim;
-inline uint3 gridDim;
+inline thread_local uint3 threadIdx;
+inline thread_local uint3 blockIdx;
+inline thread_local uint3 blockDim;
+inline thread_local uint3 gridDim;
 
 namespace emu {
 
-/// The fibers of one block and their scheduler.
+// ------------------------------------------------------------- the schedule
+enum class Order { serial, shuffled, concurrent };
+
+struct Schedule {
+  Order order = Order::serial;
+  unsigned threads = 2;        ///< concurrent: host threads
+  std::uint64_t seed = 1;      ///< shuffled, concurrent: the orders' seed
+
+  /// "serial", "shuffled[:SEED]" or "concurrent[:THREADS]"; throws
+  /// std::invalid_argument naming `who` for anything else.
+  static Schedule parse(const std::string& text, const std::string& who) {
+    Schedule s;
+    const auto colon = text.find(':');
+    const std::string kind = text.substr(0, colon);
+    const std::string arg = colon == std::string::npos ? "" : text.substr(colon + 1);
+    auto number = [&](std::uint64_t lo, std::uint64_t hi) {
+      char* end = nullptr;
+      const unsigned long long v = std::strtoull(arg.c_str(), &end, 10);
+      if (arg.empty() || *end != '\0' || v < lo || v > hi)
+        throw std::invalid_argument(who + "=" + text + ": '" + arg + "' is not a number in " + std::to_string(lo) +
+                                    ".." + std::to_string(hi));
+      return static_cast<std::uint64_t>(v);
+    };
+    if (kind == "serial" && colon == std::string::npos) {
+      s.order = Order::serial;
+    } else if (kind == "shuffled") {
+      s.order = Order::shuffled;
+      if (colon != std::string::npos) s.seed = number(0, UINT64_MAX);
+    } else if (kind == "concurrent") {
+      s.order = Order::concurrent;
+      if (colon != std::string::npos) s.threads = static_cast<unsigned>(number(1, 64));
+    } else {
+      throw std::invalid_argument(who + "=" + text + ": expected serial, shuffled[:SEED] or concurrent[:THREADS]");
+    }
+    return s;
+  }
+  std::string str() const {
+    switch (order) {
+      case Order::serial: return "serial";
+      case Order::shuffled: return "shuffled:" + std::to_string(seed);
+      case Order::concurrent: return "concurrent:" + std::to_string(threads);
+    }
+    return "?";
+  }
+};
+
+namespace detail {
+inline Schedule& schedule_slot() {
+  static Schedule s = [] {
+    const char* env = std::getenv("SKEWADAM_EMU_BLOCKS");
+    return env != nullptr && *env != '\0' ? Schedule::parse(env, "SKEWADAM_EMU_BLOCKS") : Schedule{};
+  }();
+  return s;
+}
+inline std::atomic<std::uint64_t>& launches() {
+  static std::atomic<std::uint64_t> n{0};
+  return n;
+}
+}  // namespace detail
+
+/// The schedule launches follow (SKEWADAM_EMU_BLOCKS, read at the first call).
+inline Schedule schedule() { return detail::schedule_slot(); }
+/// Sets it for the launches that follow (not while a launch runs).
+inline void set_schedule(const Schedule& s) { detail::schedule_slot() = s; }
+
+/// Sets a schedule for its lifetime (tests).
+class ScopedSchedule {
+ public:
+  explicit ScopedSchedule(const Schedule& s) : saved_(schedule()) { set_schedule(s); }
+  ~ScopedSchedule() { set_schedule(saved_); }
+  ScopedSchedule(const ScopedSchedule&) = delete;
+  ScopedSchedule& operator=(const ScopedSchedule&) = delete;
+
+ private:
+  Schedule saved_;
+};
+
+// ------------------------------------------------- misaligned vector accesses
+namespace detail {
+struct Fault {
+  std::mutex m;
+  std::string what;  ///< the first fault of the running launch, or empty
+};
+inline Fault& fault() {
+  static Fault f;
+  return f;
+}
+}  // namespace detail
+
+/// Records a misaligned vector access (an n-byte access at p); the launch
+/// then throws. The access itself goes on (the host allows it).
+inline void check_aligned(const void* p, std::size_t n) {
+  if (reinterpret_cast<std::uintptr_t>(p) % n == 0) return;
+  detail::Fault& f = detail::fault();
+  const std::lock_guard<std::mutex> lock(f.m);
+  if (!f.what.empty()) return;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "misaligned %zu-byte vector access at %p (block %u, thread %u): a GPU faults on it",
+                n, p, blockIdx.x, threadIdx.x);
+  f.what = buf;
+}
+
+// ------------------------------------------------------------------ a block
+/// The fibers of one block and their scheduler (one per host thread).
 class Block {
  public:
   static constexpr unsigned max_threads = 1024;
   static constexpr std::size_t stack_bytes = std::size_t{256} << 10;
 
-  /// Runs body() as `grid` blocks of `threads` threads.
-  void run(unsigned grid, unsigned threads, const std::function<void()>& body) {
-    if (threads == 0 || threads > max_threads)
-      throw std::invalid_argument("emu::launch: " + std::to_string(threads) + " threads per block (1.." +
-                                  std::to_string(max_threads) + ")");
+  /// Runs body() as block b of a grid of `grid` blocks of `threads` threads.
+  void run(unsigned b, unsigned grid, unsigned threads, const std::function<void()>& body) {
     while (fibers_.size() < threads) fibers_.push_back(std::make_unique<Fiber>());
     body_ = &body;
     blockDim = {threads, 1, 1};
     gridDim = {grid, 1, 1};
-    for (unsigned b = 0; b < grid; ++b) {
-      blockIdx = {b, 0, 0};
-      run_block(threads);
-    }
+    blockIdx = {b, 0, 0};
+    run_block(threads);
     body_ = nullptr;
   }
 
@@ -171,8 +294,9 @@ class Block {
   friend Block& block();
 };
 
+/// The block this host thread runs.
 inline Block& block() {
-  static Block b;
+  static thread_local Block b;
   return b;
 }
 
@@ -186,12 +310,136 @@ inline void Block::entry() {
   // with swapcontext: returns to uc_link, the scheduler
 }
 
+// ------------------------------------------------------- host threads
+namespace detail {
+
+/// Host threads that run a job together with the caller; one job at a time.
+class Pool {
+ public:
+  ~Pool() {
+    {
+      const std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+    }
+    start_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+
+  /// Runs job() on `threads` threads (the caller one of them) and waits.
+  void run(unsigned threads, const std::function<void()>& job) {
+    const std::lock_guard<std::mutex> one(job_lock_);
+    std::unique_lock<std::mutex> lock(m_);
+    while (workers_.size() + 1 < threads) workers_.emplace_back([this, k = workers_.size()] { work(k); });
+    job_ = &job;
+    wanted_ = threads - 1;
+    running_ = wanted_;
+    ++generation_;
+    lock.unlock();
+    start_.notify_all();
+    job();
+    lock.lock();
+    finished_.wait(lock, [&] { return running_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void work(std::size_t k) {
+    std::uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(m_);
+    for (;;) {
+      start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      if (k >= wanted_) continue;
+      const std::function<void()>* job = job_;
+      lock.unlock();
+      (*job)();
+      lock.lock();
+      if (--running_ == 0) finished_.notify_all();
+    }
+  }
+
+  std::mutex job_lock_;
+  std::mutex m_;
+  std::condition_variable start_, finished_;
+  std::vector<std::thread> workers_;
+  const std::function<void()>* job_ = nullptr;
+  std::size_t wanted_ = 0;
+  std::size_t running_ = 0;
+  std::uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+inline Pool& pool() {
+  static Pool p;
+  return p;
+}
+
+/// 0 .. n - 1 in an order drawn from seed (splitmix64 driving Fisher-Yates).
+inline std::vector<unsigned> shuffled(unsigned n, std::uint64_t seed) {
+  std::vector<unsigned> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  std::uint64_t s = seed;
+  auto next = [&s] {
+    std::uint64_t z = (s += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  };
+  for (unsigned i = n; i > 1; --i) std::swap(order[i - 1], order[next() % i]);
+  return order;
+}
+
+}  // namespace detail
+
 /// Runs body() as grid blocks of `threads` threads (at most
-/// Block::max_threads), on the calling thread.
+/// Block::max_threads), in the order of schedule(); returns when all have.
 template <class F>
 void launch(unsigned grid, unsigned threads, F&& body) {
+  if (threads == 0 || threads > Block::max_threads)
+    throw std::invalid_argument("emu::launch: " + std::to_string(threads) + " threads per block (1.." +
+                                std::to_string(Block::max_threads) + ")");
   const std::function<void()> f = [&body] { body(); };
-  block().run(grid, threads, f);
+  const Schedule s = schedule();
+  const std::uint64_t launch_no = detail::launches().fetch_add(1);
+  std::vector<unsigned> order;
+  if (s.order == Order::serial) {
+    order.resize(grid);
+    std::iota(order.begin(), order.end(), 0u);
+  } else {
+    order = detail::shuffled(grid, s.seed * 0x2545F4914F6CDD1DULL + launch_no);
+  }
+  if (s.order != Order::concurrent || grid < 2 || s.threads < 2) {
+    for (unsigned b : order) block().run(b, grid, threads, f);
+  } else {
+    std::atomic<unsigned> next{0};
+    std::atomic<bool> failed{false};
+    std::mutex em;
+    std::exception_ptr error;
+    const std::function<void()> job = [&] {
+      for (;;) {
+        if (failed.load()) return;
+        const unsigned k = next.fetch_add(1);
+        if (k >= grid) return;
+        try {
+          block().run(order[k], grid, threads, f);
+        } catch (...) {
+          const std::lock_guard<std::mutex> lock(em);
+          if (!error) error = std::current_exception();
+          failed = true;
+        }
+      }
+    };
+    detail::pool().run(std::min(s.threads, grid), job);
+    if (error) std::rethrow_exception(error);
+  }
+  detail::Fault& fault = detail::fault();
+  std::string what;
+  {
+    const std::lock_guard<std::mutex> lock(fault.m);
+    what.swap(fault.what);
+  }
+  if (!what.empty()) throw std::logic_error("emu::launch: " + what);
 }
 
 }  // namespace emu
@@ -212,11 +460,7 @@ T __shfl_xor_sync(unsigned /*mask*/, T v, int lane_mask) {
 
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
-inline unsigned atomicAdd(unsigned* p, unsigned v) {
-  const unsigned old = *p;
-  *p = old + v;
-  return old;
-}
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
 
 template <class T>
 T __ldcg(const T* p) {

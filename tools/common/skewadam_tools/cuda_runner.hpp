@@ -13,6 +13,7 @@
 #include <skewadam/hyperparameters.hpp>
 #include <skewadam/param_state.hpp>
 #include <skewadam/random.hpp>
+#include <skewadam/step_scalars.hpp>
 
 namespace skewadam::tools::cuda {
 
@@ -51,6 +52,10 @@ RunResult run(const RunSpec& spec);
 /// StochasticRounding::store of x[i] with random_bits(key, i), on the GPU
 /// (bits of bf16 or f16).
 std::vector<std::uint16_t> stochastic_round(const std::vector<float>& x, Dtype dtype, RoundingKey key);
+
+/// make_step_scalars(h, t) for each t, formed on the GPU (as the CUDA
+/// backend's begin_step_kernel forms them).
+std::vector<StepScalars> device_step_scalars(const Hyperparameters& h, const std::vector<std::int64_t>& steps);
 
 /// Bad input must throw std::invalid_argument: returns the messages of the
 /// errors raised by a host parameter pointer and a gradient of another dtype.

@@ -1,16 +1,28 @@
 #pragma once
 // emu::Runtime: the runtime of backend::CudaBackend (cuda_backend.hpp) on the
-// host. Memory is host memory (every address counts as the device's), copies
-// are memcpy, streams are ignored and a launch runs the kernel's blocks one
-// after another on the calling thread (cuda_emulation.hpp). Stream capture
-// records launches (on this thread) to run them again; a copy, a zeroing or
-// a wait while capturing throws std::logic_error, as they would break a CUDA
-// graph (or be illegal in one); waits() counts the calls that would wait for
-// a GPU, so that tests can show a step waits for none. With it the CUDA
-// backend (backend/cuda/cuda_backend.hpp) and its kernels run, unchanged, on
+// host. Memory is host memory (every address counts as the device's), a
+// launch runs the kernel's blocks on the host (cuda_emulation.hpp, in the
+// order emu::schedule() gives) before it returns. Stream capture records
+// launches (on this thread) to run them again; a copy, a zeroing or a wait
+// while capturing throws std::logic_error, as they would break a CUDA graph
+// (or be illegal in one); waits() counts the calls that would wait for a
+// GPU, so that tests can show a step waits for none. With it the CUDA backend
+// (backend/cuda/cuda_backend.hpp) and its kernels run, unchanged, on
 // machines without a GPU (the tests, skewadam-replay --backend cuda-emulated):
 //
 //   skewadam::Optimizer<skewadam::SkewAdamTiers, skewadam::backend::CudaBackend<emu::Runtime>> opt(h);
+//
+// Streams. Every stream behaves as a non-blocking CUDA stream
+// (cudaStreamNonBlocking; the default stream, null, as well): nothing orders
+// one stream's work after another's unless the host waits. A copy to the
+// device or a zeroing on stream s lands at once, for the host to see, but
+// stays unsynchronized until the host waits for s (synchronize(s), a
+// to_host on s) or frees memory (which waits for everything, as cudaFree
+// does); a launch on any other stream runs while it is still in flight: it
+// sees the memory as it was before, and the write lands after it. So a
+// kernel that reads what another stream uploaded without a wait between
+// (the upload race of a pageable cudaMemcpy on the legacy stream followed by
+// a step on a non-blocking one) reads stale data here, as it may on a GPU.
 
 #include <skewadam_tools/cuda_emulation.hpp>
 
@@ -18,6 +30,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -33,28 +46,38 @@ struct Runtime {
   static constexpr std::align_val_t alignment{256};  // as cudaMalloc's
 
   static void* allocate(std::size_t bytes) { return ::operator new(bytes == 0 ? 1 : bytes, alignment); }
-  static void release(void* p) noexcept { ::operator delete(p, alignment); }
-  static void zero(void* p, std::size_t n, stream_type) {
+  static void release(void* p) noexcept {
+    settle_all();  // cudaFree waits for the device
+    ::operator delete(p, alignment);
+  }
+  static void zero(void* p, std::size_t n, stream_type s) {
     not_capturing("zero");
-    std::memset(p, 0, n);
+    write(p, nullptr, n, s);
   }
-  static void to_device(void* dst, const void* src, std::size_t n, stream_type) {
+  static void to_device(void* dst, const void* src, std::size_t n, stream_type s) {
     not_capturing("to_device");
-    std::memcpy(dst, src, n);
+    write(dst, src, n, s);
   }
-  static void to_host(void* dst, const void* src, std::size_t n, stream_type) {
+  static void to_host(void* dst, const void* src, std::size_t n, stream_type s) {
     not_capturing("to_host");
     ++waits();
+    settle(s);
     std::memcpy(dst, src, n);
   }
-  static void synchronize(stream_type) {
+  static void synchronize(stream_type s) {
     not_capturing("synchronize");
     ++waits();
+    settle(s);
   }
   /// Calls so far that would wait for a GPU (to_host, synchronize), on this thread.
   static long& waits() {
     thread_local long n = 0;
     return n;
+  }
+  /// Copies and zeroings not yet waited for (all streams).
+  static std::size_t unsynchronized() {
+    const std::lock_guard<std::mutex> lock(writes().m);
+    return writes().list.size();
   }
   static void check_device_memory(const void*, const std::string&) {}
 
@@ -67,20 +90,84 @@ struct Runtime {
     return graph_type(std::move(recording()));
   }
   static void abort_capture(stream_type) noexcept { recording().reset(); }
-  static void launch_graph(const graph_type& g, stream_type) {
+  static void launch_graph(const graph_type& g, stream_type s) {
     not_capturing("launch_graph");
-    for (const auto& f : *g) f();
+    run_on(s, [&] {
+      for (const auto& f : *g) f();
+    });
   }
 
   template <auto Kernel, class... Args>
-  static void launch(unsigned grid, unsigned threads, stream_type, Args... args) {
+  static void launch(unsigned grid, unsigned threads, stream_type s, Args... args) {
     if (grid == 0) return;
     auto run = [=] { emu::launch(grid, threads, [&] { Kernel(args...); }); };
     if (recording()) recording()->push_back(run);
-    else run();
+    else run_on(s, run);
   }
 
  private:
+  /// A copy or zeroing on `stream` not yet waited for: the bytes it replaced
+  /// and those it wrote.
+  struct Write {
+    stream_type stream;
+    unsigned char* dst;
+    std::vector<unsigned char> before, after;
+  };
+  struct Writes {
+    std::mutex m;
+    std::vector<Write> list;
+  };
+  static Writes& writes() {
+    static Writes w;
+    return w;
+  }
+  static void write(void* dst, const void* src, std::size_t n, stream_type s) {
+    if (n == 0) return;
+    auto* d = static_cast<unsigned char*>(dst);
+    Write w{s, d, std::vector<unsigned char>(d, d + n), {}};
+    if (src != nullptr) w.after.assign(static_cast<const unsigned char*>(src), static_cast<const unsigned char*>(src) + n);
+    else w.after.assign(n, 0);
+    std::memcpy(d, w.after.data(), n);
+    const std::lock_guard<std::mutex> lock(writes().m);
+    writes().list.push_back(std::move(w));
+  }
+  /// The host has waited for stream s.
+  static void settle(stream_type s) {
+    const std::lock_guard<std::mutex> lock(writes().m);
+    std::erase_if(writes().list, [&](const Write& w) { return w.stream == s; });
+  }
+  static void settle_all() noexcept {
+    const std::lock_guard<std::mutex> lock(writes().m);
+    writes().list.clear();
+  }
+  /// Runs f as work on stream s: other streams' unsynchronized writes are
+  /// undone while it runs (they land after it), its own stream's stand.
+  /// (Holds the lock throughout: f, a launch, calls no runtime member.)
+  template <class F>
+  static void run_on(stream_type s, F&& f) {
+    std::unique_lock<std::mutex> lock(writes().m);
+    std::vector<const Write*> foreign;
+    for (const Write& w : writes().list)
+      if (w.stream != s) foreign.push_back(&w);
+    if (foreign.empty()) {
+      lock.unlock();
+      f();
+      return;
+    }
+    for (auto it = foreign.rbegin(); it != foreign.rend(); ++it)
+      std::memcpy((*it)->dst, (*it)->before.data(), (*it)->before.size());
+    auto land = [&] {
+      for (const Write* w : foreign) std::memcpy(w->dst, w->after.data(), w->after.size());
+    };
+    try {
+      f();
+    } catch (...) {
+      land();
+      throw;
+    }
+    land();
+  }
+
   static std::unique_ptr<std::vector<std::function<void()>>>& recording() {
     thread_local std::unique_ptr<std::vector<std::function<void()>>> r;
     return r;

@@ -26,10 +26,12 @@
 // under the local placement a step can be captured in a graph (capture());
 // a replay is one more step, counted on the device like any other.
 //
-// Work lists are cut by shape only, when a tensor is registered; a tensor
+// Work lists are cut when a tensor is registered (passes.hpp); a tensor
 // changes group only when its gradient's dtype changes (fp32 or the
 // parameter's own), which rebuilds the lists once (and waits for the device,
-// as the old lists may still be read).
+// as the old lists may still be read). The groups' statistics passes write
+// their row blocks' column partials to one workspace, back to back, which
+// only grows.
 
 #include <algorithm>
 #include <array>
@@ -163,6 +165,7 @@ class CudaBackend {
     Tensor e;
     e.kernels = kernels;
     e.ops = kernels[0];
+    e.whole = reg.param.shape.matrices();
     const auto index = static_cast<std::int32_t>(tensors_.size());
     std::size_t elems = 0, rows = 0, cols = 0;
     std::vector<cuda::ScratchSizes> sizes;
@@ -237,6 +240,7 @@ class CudaBackend {
   void pop_back() noexcept {
     tensors_.pop_back();
     tables_ = std::move(undo_);
+    point_workspace(tables_.groups);
     ++generation_;
   }
 
@@ -304,14 +308,18 @@ class CudaBackend {
     const Shares& s = tensors_[i].state;
     return static_cast<index_t>(s.m.bytes() + s.v.bytes() + s.v_row.bytes() + s.v_col.bytes());
   }
+  /// Device memory besides the state: each piece's scratch, the step's
+  /// tables (those of the last registration's undo included) and the
+  /// statistics workspace the groups share.
   index_t scratch_bytes() const noexcept {
-    std::size_t b = control_d_.bytes() + outcome_.bytes() + norm_sq_.bytes();
+    std::size_t b = control_d_.bytes() + outcome_.bytes() + norm_sq_.bytes() + workspace_.bytes();
     for (const Tensor& e : tensors_) b += e.scratch_f.bytes() + e.scratch_d.bytes() + e.done.bytes();
-    const Tables& t = tables_;
-    b += t.d_tasks.bytes() + t.d_steps.bytes() + t.counts.bytes() + t.d_stepped.bytes() + t.check_items.bytes() +
-         t.grad_tasks.bytes() + t.first.bytes() + t.value.bytes() + t.partial.bytes() + t.sums.bytes() +
-         t.divisors.bytes() + t.cut.bytes();
-    for (const Group& g : t.groups) b += g.items.bytes() + g.ids.bytes();
+    for (const Tables* t : {&tables_, &undo_}) {
+      b += t->d_tasks.bytes() + t->d_steps.bytes() + t->counts.bytes() + t->d_stepped.bytes() +
+           t->check_items.bytes() + t->grad_tasks.bytes() + t->first.bytes() + t->value.bytes() +
+           t->partial.bytes() + t->total.bytes() + t->sums.bytes() + t->divisors.bytes() + t->cut.bytes();
+      for (const Group& g : t->groups) b += g.items.bytes() + g.ids.bytes();
+    }
     return static_cast<index_t>(b);
   }
 
@@ -522,6 +530,7 @@ class CudaBackend {
   struct Tensor {
     std::array<kernels_type, 2> kernels{};
     kernels_type ops = nullptr;  ///< of the gradient dtype it was last stepped with
+    MatrixGeometry whole{};      ///< its matrices, whatever this process holds of them
     float limit = 0;
     std::vector<Piece> pieces;
     Shares state;
@@ -534,6 +543,8 @@ class CudaBackend {
     Array<WorkItem> items;
     Array<std::int32_t> ids;
     cuda::GroupArrays arrays;
+    std::size_t workspace = 0;     ///< doubles of statistics workspace its passes need
+    std::size_t workspace_at = 0;  ///< where they start in the backend's
   };
   /// Everything a step reads besides the tensors' own arrays, the StepControl
   /// and the outcome.
@@ -611,8 +622,9 @@ class CudaBackend {
     ++generation_;
   }
 
-  /// Every group's work lists over the pieces, for tensors with passes `ops`.
-  std::vector<Group> build_groups(const std::vector<kernels_type>& ops) const {
+  /// Every group's work lists over the pieces, for tensors with passes `ops`,
+  /// and their part of the workspace (fit_workspace).
+  std::vector<Group> build_groups(const std::vector<kernels_type>& ops) {
     std::vector<kernels_type> order;
     for (std::size_t i = 0; i < tensors_.size(); ++i)
       if (!tensors_[i].pieces.empty() && std::find(order.begin(), order.end(), ops[i]) == order.end())
@@ -621,6 +633,10 @@ class CudaBackend {
     for (kernels_type o : order) {
       cuda::GroupLists lists;
       lists.factored = o->factored;
+      // every tensor of the group, held here or not: a matrix is cut as one
+      // process holding every tensor cuts it
+      for (std::size_t i = 0; i < tensors_.size(); ++i)
+        if (ops[i] == o) lists.count(tensors_[i].whole);
       for (std::size_t i = 0; i < tensors_.size(); ++i) {
         if (ops[i] != o) continue;
         for (const Piece& p : tensors_[i].pieces)
@@ -631,9 +647,32 @@ class CudaBackend {
       Mem::upload(g.items, lists.concatenated(), stream_);
       Mem::upload(g.ids, lists.tasks, stream_);
       g.arrays = lists.arrays(g.items.data(), g.ids.data());
+      g.workspace = lists.workspace_doubles();
       groups.push_back(std::move(g));
     }
+    fit_workspace(groups);
     return groups;
+  }
+
+  /// Grows the statistics workspace to what `groups` need, back to back
+  /// (every group's statistics pass runs before any group's finish), and
+  /// points every group at its part.
+  void fit_workspace(std::vector<Group>& groups) {
+    std::size_t need = 0;
+    for (Group& g : groups) {
+      g.workspace_at = need;
+      need += g.workspace;
+    }
+    if (need > workspace_.size()) {
+      R::synchronize(stream_);  // the old one may still be read
+      workspace_ = Array<double>(need);
+      point_workspace(tables_.groups);
+      point_workspace(undo_.groups);
+    }
+    point_workspace(groups);
+  }
+  void point_workspace(std::vector<Group>& groups) noexcept {
+    for (Group& g : groups) g.arrays.workspace = g.workspace == 0 ? nullptr : workspace_.data() + g.workspace_at;
   }
 
   /// The tables of every registered tensor with these counts (n + 1:
@@ -707,6 +746,7 @@ class CudaBackend {
   bool control_uploaded_ = false;
   Array<cuda::CheckOutcome> outcome_;
   Array<double> norm_sq_;  ///< the last clipping step's sum of g^2
+  Array<double> workspace_;  ///< the statistics passes' column partials (fit_workspace)
   const double* lr_device_ = nullptr;
   std::uint64_t generation_ = 0;  ///< changes whenever a captured graph would go stale
   std::vector<double> cut_host_, sums_host_;

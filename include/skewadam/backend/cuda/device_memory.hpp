@@ -131,6 +131,13 @@ struct DeviceMemory {
   static void read(void* host, const void* device, std::size_t n, Stream s) {
     if (n > 0) R::to_host(host, device, n, s);
   }
+  /// n bytes of device memory set to zero before it returns: on the default
+  /// stream, waited for (not ordered after other streams' work).
+  static void clear(void* device, std::size_t n) {
+    if (n == 0) return;
+    R::zero(device, n, Stream{});
+    R::synchronize(Stream{});
+  }
   /// n bytes from the host to device memory, and waits for them.
   static void write(void* device, const void* host, std::size_t n, Stream s) {
     if (n == 0) return;

@@ -18,9 +18,22 @@
 //                     folding them into a double; the block then adds its
 //                     threads' sums by a 5-level shuffle tree and its 16
 //                     warps in order: <= (sum_block + 5 + 16 + 1) u S = 86 u S
-//   column sums       at most row_block_rows (16) rows per row block in fp32,
-//                     then the row blocks' partials in double: <= 18 u S
-//   D_j, sum u^2      the same row blocks, then double throughout
+//   column sums       a group of at most 8 rows in fp32, folded into its row
+//                     block's partial in double; the row blocks' partials
+//                     added in double: <= 10 u S
+//   D_j, sum u^2      the same groups and row blocks, then double throughout
+//
+// Scratch. A factored matrix's row blocks write their column partials (c
+// doubles, and c more for the clip's D_j) to a workspace of the group, not
+// of the tensor: the group's matrices share statistics_blocks row blocks
+// (each at least one, and at most row_blocks_of() of its shape: rows of
+// row_block_elems elements), in proportion to their elements (passes.hpp
+// plans them). So the workspace is about statistics_blocks partials of the
+// widest matrix, plus one per matrix, whatever the model's size, and each
+// tensor keeps O(B (r + c)) scratch of its own (scratch_sizes()). A
+// matrix's cut, and with it the order its column sums are added in, depends
+// on its shape and on the sizes of the group's tensors (the whole tensors in
+// a sharded placement), never on the rank count or which rank owns it.
 //
 // Factored rule (backbone, experts), per matrix cut into row blocks:
 //   statistics  one block per row block: rows in groups of K, row sums of g^2
@@ -50,7 +63,9 @@
 // are walked in quads: one 16-byte (fp32) or 8-byte (bf16, fp16) access per
 // array per 4 elements, several quads' loads issued before the first use.
 // Element-wise rule (router, rank-1 tensors, AdamW): statistics per chunk
-// (and the whole update when the rule does not clip), finalize, apply.
+// (and the whole update when the rule does not clip), finalize (one block
+// per tensor: its matrices' sums of u^2 from the chunks', in parallel, and
+// the clip divisors), apply.
 //
 // Stochastic rounding takes element e's 16 bits from Philox block e / 8
 // (random.hpp), as the CPU does, and every block is evaluated once: the
@@ -88,11 +103,15 @@ inline constexpr int block_warps = block_threads / 32;
 /// Elements per statistics block of an element-wise tensor.
 inline constexpr index_t chunk_elems = index_t{1} << 12;
 /// Target elements per row block of a factored matrix's statistics, and the
-/// most rows such a block takes (so that small matrices still give enough
-/// blocks; each block writes a column partial, 2 / rows of the gradient's
-/// traffic).
+/// most rows such a block takes: the finest cut of a matrix (a small group's
+/// matrices still give enough blocks).
 inline constexpr index_t row_block_elems = index_t{1} << 16;
 inline constexpr index_t row_block_rows = 16;
+/// Row blocks a group's factored matrices share in the statistics pass (see
+/// the file comment): enough for several waves of blocks on a GPU of 132
+/// multiprocessors, few enough that their column partials stay a small
+/// fraction of the state.
+inline constexpr index_t statistics_blocks = 1024;
 /// Target elements per block of a factored matrix's update (no partials:
 /// small blocks balance the GPU's multiprocessors).
 inline constexpr index_t apply_block_elems = index_t{1} << 13;
@@ -126,7 +145,7 @@ struct DeviceTask {
   int tier = 0;              ///< tier_index (which StepControl hyperparameters)
   std::int32_t tensor = 0;   ///< the tensor it is a piece of (its step count)
   std::uint32_t id = 0;      ///< rounding stream (FNV-1a of the name)
-  index_t row_blocks = 1;    ///< factored: row blocks per matrix
+  index_t row_blocks = 1;    ///< factored: the most row blocks per matrix (row_blocks_of; the plan may take fewer)
   index_t chunks = 1;        ///< element-wise: chunks per matrix
   /// Flat index in the whole tensor of this task's element 0 (a sharded
   /// placement's piece): stochastic rounding's position. 0 for a whole tensor.
@@ -146,9 +165,7 @@ struct DeviceTask {
   float* v = nullptr;
   float* v_row = nullptr;
   float* v_col = nullptr;
-  // scratch
-  float* col_partial = nullptr;  ///< [B * row_blocks * c]
-  float* d_partial = nullptr;    ///< [B * row_blocks * c]
+  // scratch (the row blocks' column partials are the group's: WorkItem::scratch)
   float* inv_col = nullptr;      ///< [B * c] 1 / col_j
   double* col_term = nullptr;    ///< [2 * B * c] sum_k D_kj / col_j^2, then floored rows' u^2
   unsigned* done = nullptr;      ///< [B + 1] finished column blocks per matrix, finished matrices (zero between steps)
@@ -165,12 +182,13 @@ struct ScratchSizes {
   std::size_t counters = 0;  ///< zeroed once; the kernels reset them
 };
 
-/// The scratch a tensor of geometry d.geom needs; d.row_blocks (factored) or
-/// d.chunks (element-wise) must be set.
+/// The scratch a tensor of geometry d.geom needs of its own: factored,
+/// O(B c) (its row blocks' partials are the group's workspace); element-wise,
+/// one double per chunk (d.chunks must be set).
 inline ScratchSizes scratch_sizes(const DeviceTask& d, bool factored) {
   const auto B = static_cast<std::size_t>(d.geom.batch);
   const auto c = static_cast<std::size_t>(d.geom.cols);
-  if (factored) return {B * static_cast<std::size_t>(d.row_blocks) * c * 2 + B * c + 2 * B, 2 * B * c + B, B + 1};
+  if (factored) return {B * c + 2 * B, 2 * B * c + B, B + 1};
   return {2 * B, B * static_cast<std::size_t>(d.chunks) + B, 0};
 }
 
@@ -179,10 +197,7 @@ inline void place_scratch(DeviceTask& d, bool factored, float* f, double* x, uns
   const auto B = static_cast<std::size_t>(d.geom.batch);
   const auto c = static_cast<std::size_t>(d.geom.cols);
   if (factored) {
-    const std::size_t partial = B * static_cast<std::size_t>(d.row_blocks) * c;
-    d.col_partial = f;
-    d.d_partial = f + partial;
-    d.inv_col = d.d_partial + partial;
+    d.inv_col = f;
     d.vbar = d.inv_col + B * c;
     d.divisor = d.vbar + B;
     d.col_term = x;
@@ -197,13 +212,17 @@ inline void place_scratch(DeviceTask& d, bool factored, float* f, double* x, uns
 
 /// A block's work: rows [begin, end) of matrix `matrix` (row block `block`),
 /// elements [begin, end) of matrix `matrix` (chunk `block`), or columns
-/// [begin, end) of matrix `matrix`.
+/// [begin, end) of matrix `matrix` (`block`: the matrix's row blocks).
+/// Factored statistics and columns items: `scratch` is where the matrix's
+/// row blocks' partials start in the group's workspace (doubles; row block
+/// k's c column sums at scratch + 2 k c, its c clip terms D_kj after them).
 struct WorkItem {
   std::int32_t task = 0;
   index_t matrix = 0;
   index_t begin = 0;
   index_t end = 0;
   index_t block = 0;
+  index_t scratch = 0;
 };
 
 namespace detail {
@@ -265,18 +284,32 @@ __device__ SKEWADAM_ALWAYS_INLINE void round_into(const double (&wide)[N], float
   for (int k = 0; k < N; ++k) part[k] = static_cast<float>(wide[k]);
 }
 
-/// Four consecutive elements, loaded or stored as one access.
+/// Four consecutive elements, loaded or stored as one access (of 4 x sizeof(T)
+/// bytes; p must be aligned to that: a GPU faults otherwise, and the host
+/// emulation reports it, cuda_emulation.hpp).
 template <class T>
 struct alignas(4 * sizeof(T)) Quad {
   T v[4];
 };
 template <class T>
 __device__ SKEWADAM_ALWAYS_INLINE Quad<T> load_quad(const T* p) {
+#if defined(SKEWADAM_CUDA_EMULATION)
+  emu::check_aligned(p, sizeof(Quad<T>));
+  Quad<T> q;
+  __builtin_memcpy(static_cast<void*>(&q), static_cast<const void*>(p), sizeof q);
+  return q;
+#else
   return *reinterpret_cast<const Quad<T>*>(p);
+#endif
 }
 template <class T>
 __device__ SKEWADAM_ALWAYS_INLINE void store_quad(T* p, const Quad<T>& q) {
+#if defined(SKEWADAM_CUDA_EMULATION)
+  emu::check_aligned(p, sizeof(Quad<T>));
+  __builtin_memcpy(static_cast<void*>(p), static_cast<const void*>(&q), sizeof q);
+#else
   *reinterpret_cast<Quad<T>*>(p) = q;
+#endif
 }
 __device__ SKEWADAM_ALWAYS_INLINE bool aligned_to(const void* p, std::size_t n) {
   return reinterpret_cast<std::uintptr_t>(p) % n == 0;
@@ -380,10 +413,12 @@ struct Math {
     }
   }
 
-  /// K rows from row i of matrix b (see the file comment).
+  /// K rows from row i of matrix b (see the file comment): their column sums
+  /// of g^2 (and clip terms) in fp32, added to the row block's partials colp
+  /// (and dp) in double.
   template <int K>
   static __device__ void statistics_group(const DeviceTask& t, const StepScalars& s, index_t b, index_t i,
-                                          float* colp, float* dp) {
+                                          double* colp, double* dp) {
     const index_t c = t.geom.cols;
     const index_t off = (b * t.geom.rows + i) * c;
     float part[K];
@@ -393,7 +428,7 @@ struct Math {
     for (index_t j0 = 0; j0 < c; j0 += span) {
       const index_t j1 = j0 + span < c ? j0 + span : c;
       for (index_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
-        float cs = colp[j];
+        float cs = 0.0f;
         for (int q = 0; q < K; ++q) {
           const index_t o = off + q * c + j;
           const float g = grad_at(t, s, o);
@@ -402,7 +437,7 @@ struct Math {
           cs = cs + g2;
           if constexpr (M::has_state) t.m[o] = M::update(t.m[o], g, s);
         }
-        colp[j] = cs;
+        colp[j] += static_cast<double>(cs);
       }
       detail::fold(part, wide);
     }
@@ -411,12 +446,12 @@ struct Math {
     update_rows<K>(t, s, b, i, part, inv_r);
     if constexpr (C::active) {
       for (index_t j = threadIdx.x; j < c; j += blockDim.x) {
-        float dj = dp[j];
+        float dj = 0.0f;
         for (int q = 0; q < K; ++q) {
           const float n = numerator_at(t, s, off + q * c + j);
           dj = dj + n * n * inv_r[q];
         }
-        dp[j] = dj;
+        dp[j] += static_cast<double>(dj);
       }
     }
   }
@@ -425,7 +460,7 @@ struct Math {
   /// the K rows are issued together.
   template <int K>
   static __device__ void statistics_group_quads(const DeviceTask& t, const StepScalars& s, index_t b, index_t i,
-                                                float* colp, float* dp) {
+                                                double* colp, double* dp) {
     const index_t c = t.geom.cols;
     const index_t off = (b * t.geom.rows + i) * c;
     float part[K];
@@ -440,7 +475,7 @@ struct Math {
         [[maybe_unused]] detail::Quad<float> m[K];
         if constexpr (M::has_state)
           for (int q = 0; q < K; ++q) m[q] = detail::load_quad(t.m + off + q * c + j);
-        detail::Quad<float> cs = detail::load_quad(colp + j);
+        detail::Quad<float> cs{};
         for (int q = 0; q < K; ++q)
           for (int l = 0; l < 4; ++l) {
             const float g2 = g[q].v[l] * g[q].v[l];
@@ -448,7 +483,9 @@ struct Math {
             cs.v[l] = cs.v[l] + g2;
             if constexpr (M::has_state) m[q].v[l] = M::update(m[q].v[l], g[q].v[l], s);
           }
-        detail::store_quad(colp + j, cs);
+        detail::Quad<double> acc = detail::load_quad(colp + j);
+        for (int l = 0; l < 4; ++l) acc.v[l] += static_cast<double>(cs.v[l]);
+        detail::store_quad(colp + j, acc);
         if constexpr (M::has_state)
           for (int q = 0; q < K; ++q) detail::store_quad(t.m + off + q * c + j, m[q]);
       }
@@ -461,22 +498,24 @@ struct Math {
       for (index_t j = 4 * static_cast<index_t>(threadIdx.x); j < c; j += 4 * static_cast<index_t>(blockDim.x)) {
         detail::Quad<float> n[K];
         for (int q = 0; q < K; ++q) n[q] = numerator_quad(t, s, off + q * c + j);
-        detail::Quad<float> dj = detail::load_quad(dp + j);
+        detail::Quad<float> dj{};
         for (int q = 0; q < K; ++q)
           for (int l = 0; l < 4; ++l) dj.v[l] = dj.v[l] + n[q].v[l] * n[q].v[l] * inv_r[q];
-        detail::store_quad(dp + j, dj);
+        detail::Quad<double> acc = detail::load_quad(dp + j);
+        for (int l = 0; l < 4; ++l) acc.v[l] += static_cast<double>(dj.v[l]);
+        detail::store_quad(dp + j, acc);
       }
     }
   }
 
-  static __device__ void factored_statistics(const DeviceTask& t, const StepScalars& s, const WorkItem& it) {
+  static __device__ void factored_statistics(const DeviceTask& t, const StepScalars& s, const WorkItem& it,
+                                             double* workspace) {
     const index_t c = t.geom.cols;
-    const index_t slot = (it.matrix * t.row_blocks + it.block) * c;
-    float* colp = t.col_partial + slot;
-    float* dp = t.d_partial + slot;
+    double* colp = workspace + it.scratch + 2 * it.block * c;
+    double* dp = colp + c;
     for (index_t j = threadIdx.x; j < c; j += blockDim.x) {
-      colp[j] = 0.0f;
-      if constexpr (C::active) dp[j] = 0.0f;
+      colp[j] = 0.0;
+      if constexpr (C::active) dp[j] = 0.0;
     }
     __syncthreads();  // the quad walk below maps columns to threads differently
     index_t i = it.begin;
@@ -495,7 +534,8 @@ struct Math {
   /// its sum u^2, the tensor's last matrix the clip divisors. Lane l of every
   /// warp takes column begin + l; warp w takes a fixed slice of the row
   /// blocks; the slices' sums are combined in warp order.
-  static __device__ void factored_columns(const DeviceTask& t, const TaskStep& st, const WorkItem& it) {
+  static __device__ void factored_columns(const DeviceTask& t, const TaskStep& st, const WorkItem& it,
+                                          const double* workspace) {
     const StepScalars& s = st.s;
     __shared__ double s_cs[block_warps][32];
     __shared__ float s_col[32];
@@ -504,9 +544,10 @@ struct Math {
     __shared__ int s_last;
     const index_t r = t.geom.rows;
     const index_t c = t.geom.cols;
-    const index_t nb = t.row_blocks;
+    const index_t nb = it.block;
     const index_t b = it.matrix;
     const float* rs = t.v_row + b * r;
+    const double* partials = workspace + it.scratch;  // row block k: c sums of g^2, then c terms D_kj
     const int lane = static_cast<int>(threadIdx.x & 31u);
     const int warp = static_cast<int>(threadIdx.x >> 5);
     const index_t j = it.begin + lane;
@@ -533,18 +574,19 @@ struct Math {
     if (shard != nullptr) {
       if (warp == 0 && active) cs = shard[j];
     } else if (active) {
-      // four loads in flight, summed in k order (in double: the row blocks
-      // of a tall matrix are many)
-      const float* cp = t.col_partial + b * nb * c + j;
+      // four loads in flight, summed in k order
+      const double* cp = partials + j;
+      const index_t stride = 2 * c;
       index_t k = k0;
       for (; k + 4 <= k1; k += 4) {
-        const float x0 = cp[k * c], x1 = cp[(k + 1) * c], x2 = cp[(k + 2) * c], x3 = cp[(k + 3) * c];
-        cs += static_cast<double>(x0);
-        cs += static_cast<double>(x1);
-        cs += static_cast<double>(x2);
-        cs += static_cast<double>(x3);
+        const double x0 = cp[k * stride], x1 = cp[(k + 1) * stride], x2 = cp[(k + 2) * stride],
+                     x3 = cp[(k + 3) * stride];
+        cs += x0;
+        cs += x1;
+        cs += x2;
+        cs += x3;
       }
-      for (; k < k1; ++k) cs += static_cast<double>(cp[k * c]);
+      for (; k < k1; ++k) cs += cp[k * stride];
     }
     s_cs[warp][lane] = cs;
     __syncthreads();
@@ -569,16 +611,18 @@ struct Math {
       double fl = 0.0;
       if (active && !(any_floored[0] > 0.0f)) {
         // no floored row (the usual case): four loads in flight, summed in k order
-        const float* dpk = t.d_partial + b * nb * c + j;
+        const double* dpk = partials + c + j;
+        const index_t stride = 2 * c;
         index_t k = k0;
         for (; k + 4 <= k1; k += 4) {
-          const float x0 = dpk[k * c], x1 = dpk[(k + 1) * c], x2 = dpk[(k + 2) * c], x3 = dpk[(k + 3) * c];
-          dj += static_cast<double>(x0);
-          dj += static_cast<double>(x1);
-          dj += static_cast<double>(x2);
-          dj += static_cast<double>(x3);
+          const double x0 = dpk[k * stride], x1 = dpk[(k + 1) * stride], x2 = dpk[(k + 2) * stride],
+                       x3 = dpk[(k + 3) * stride];
+          dj += x0;
+          dj += x1;
+          dj += x2;
+          dj += x3;
         }
-        for (; k < k1; ++k) dj += static_cast<double>(dpk[k * c]);
+        for (; k < k1; ++k) dj += dpk[k * stride];
       } else if (active) {
         const float col = s_col[lane];
         const float w = 1.0f / col;
@@ -588,22 +632,28 @@ struct Math {
           bool floored = false;
           for (index_t i = i0; i < i1 && !floored; ++i) floored = rs[i] > 0.0f && S::row_floored(rs[i], vbar, s);
           if (!floored) {
-            dj += static_cast<double>(t.d_partial[(b * nb + k) * c + j]);
+            dj += partials[k * 2 * c + c + j];
             continue;
           }
           // recompute this block's D_kj without its floored rows, whose
-          // terms are formed exactly, as apply() forms u
+          // terms are formed exactly, as apply() forms u; groups of 8 rows
+          // in fp32, then double, as the statistics pass adds them
           float d = 0.0f;
           for (index_t i = i0; i < i1; ++i) {
             const float ri = rs[i];
-            if (!(ri > 0.0f)) continue;
-            const float n = numerator_at(t, s, (b * r + i) * c + j);
-            if (S::row_floored(ri, vbar, s)) {
-              const float inv_row = 1.0f / S::row_factor(ri, vbar, s);
-              const float u = n * (inv_row * w);
-              fl += static_cast<double>(u * u);
-            } else {
-              d = d + n * n * (1.0f / ri);
+            if (ri > 0.0f) {
+              const float n = numerator_at(t, s, (b * r + i) * c + j);
+              if (S::row_floored(ri, vbar, s)) {
+                const float inv_row = 1.0f / S::row_factor(ri, vbar, s);
+                const float u = n * (inv_row * w);
+                fl += static_cast<double>(u * u);
+              } else {
+                d = d + n * n * (1.0f / ri);
+              }
+            }
+            if ((i - i0) % 8 == 7) {
+              dj += static_cast<double>(d);
+              d = 0.0f;
             }
           }
           dj += static_cast<double>(d);
@@ -646,13 +696,14 @@ struct Math {
         t.done[b] = 0u;
         __threadfence();
         const auto matrices = static_cast<unsigned>(t.geom.batch);
-        if (atomicAdd(t.done + t.geom.batch, 1u) == matrices - 1u) {
-          // the tensor's last matrix: the clip divisors
-          __threadfence();
-          t.done[t.geom.batch] = 0u;
-          if (!t.host_divisors) finalize(t, st);
-        }
+        s_last = atomicAdd(t.done + t.geom.batch, 1u) == matrices - 1u ? 1 : 0;
       }
+      __syncthreads();
+      if (!s_last) return;
+      // the tensor's last matrix: the clip divisors, by the whole block
+      __threadfence();
+      if (threadIdx.x == 0) t.done[t.geom.batch] = 0u;
+      if (!t.host_divisors) finalize(t, st);
     }
   }
 
@@ -660,16 +711,16 @@ struct Math {
   /// it.end) of this rank's column sums of g^2 (its row blocks' partials, in
   /// order, in double) into shard_sums; the block of the first columns also
   /// this rank's sum of R_i.
-  static __device__ void factored_shard_sums(const DeviceTask& t, const WorkItem& it) {
+  static __device__ void factored_shard_sums(const DeviceTask& t, const WorkItem& it, const double* workspace) {
     const index_t r = t.geom.rows;
     const index_t c = t.geom.cols;
-    const index_t nb = t.row_blocks;
+    const index_t nb = it.block;
     const index_t b = it.matrix;
     double* out = t.shard_sums + b * (c + 1);
     for (index_t j = it.begin + threadIdx.x; j < it.end; j += blockDim.x) {
-      const float* cp = t.col_partial + b * nb * c + j;
+      const double* cp = workspace + it.scratch + j;
       double cs = 0.0;
-      for (index_t k = 0; k < nb; ++k) cs += static_cast<double>(cp[k * c]);
+      for (index_t k = 0; k < nb; ++k) cs += cp[k * 2 * c];
       out[j] = cs;
     }
     if (it.begin == 0) {
@@ -868,25 +919,37 @@ struct Math {
     });
   }
 
-  /// Clip divisors of one tensor (one thread).
+  /// Clip divisors of one tensor, by one whole block of block_threads threads
+  /// (every thread calls it): for the element-wise rule, each matrix's
+  /// sum u^2 from its chunks' sums first (warp w takes matrices w, w + 16,
+  /// ...; lane l adds chunks l, l + 32, ... in order, then a shuffle tree);
+  /// then the divisors, a tensor-scope clip's from the matrices' sums added
+  /// by block_sum. Fixed orders throughout; no thread walks more than
+  /// chunks / 32 + batch / block_threads terms.
   static __device__ void finalize(const DeviceTask& t, const TaskStep& st) {
     if constexpr (C::active) {
       const MatrixGeometry& g = t.geom;
       if constexpr (!S::factored) {
-        for (index_t b = 0; b < g.batch; ++b) {
+        const auto lane = static_cast<index_t>(threadIdx.x & 31u);
+        for (index_t b = threadIdx.x >> 5; b < g.batch; b += block_warps) {
+          const double* part = t.chunk_sum + b * t.chunks;
           double sum = 0.0;
-          for (index_t k = 0; k < t.chunks; ++k) sum += __ldcg(t.chunk_sum + b * t.chunks + k);
-          t.matrix_sum[b] = sum;
+          for (index_t k = lane; k < t.chunks; k += 32) sum += __ldcg(part + k);
+          for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+          if (lane == 0) t.matrix_sum[b] = sum;
         }
+        __syncthreads();
       }
       if (t.host_divisors) return;
       if (st.scope == ClipScope::tensor) {
-        double sum = 0.0;
-        for (index_t b = 0; b < g.batch; ++b) sum += __ldcg(t.matrix_sum + b);
-        const float div = C::divisor(sum, g.numel(), st.s);
-        for (index_t b = 0; b < g.batch; ++b) t.divisor[b] = div;
+        double sum[1] = {0.0};
+        for (index_t b = threadIdx.x; b < g.batch; b += blockDim.x) sum[0] += __ldcg(t.matrix_sum + b);
+        detail::block_sum<double, 1>(sum);
+        const float div = C::divisor(sum[0], g.numel(), st.s);
+        for (index_t b = threadIdx.x; b < g.batch; b += blockDim.x) t.divisor[b] = div;
       } else {
-        for (index_t b = 0; b < g.batch; ++b) t.divisor[b] = C::divisor(__ldcg(t.matrix_sum + b), g.matrix_size(), st.s);
+        for (index_t b = threadIdx.x; b < g.batch; b += blockDim.x)
+          t.divisor[b] = C::divisor(__ldcg(t.matrix_sum + b), g.matrix_size(), st.s);
       }
     }
   }
@@ -897,48 +960,50 @@ struct Math {
 // whose gradients offend (TaskStep::skip), return at once (the whole block,
 // before any barrier).
 
+// `workspace`: the group's (WorkItem::scratch).
+
 template <class Rule, class P, class G>
 __global__ void __launch_bounds__(block_threads)
-    statistics_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkItem* items) {
+    statistics_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkItem* items, double* workspace) {
   using X = Math<Rule, P, G>;
   const WorkItem it = items[blockIdx.x];
   if (tasks[it.task].grad == nullptr || steps[it.task].skip) return;
   const DeviceTask t = tasks[it.task];  // a copy: stores through float* cannot alias it
   const TaskStep st = steps[it.task];
-  if constexpr (X::S::factored) X::factored_statistics(t, st.s, it);
+  if constexpr (X::S::factored) X::factored_statistics(t, st.s, it, workspace);
   else X::elementwise_statistics(t, st, it);
 }
 
 template <class Rule, class P, class G>
 __global__ void __launch_bounds__(block_threads)
-    columns_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkItem* items) {
+    columns_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkItem* items, const double* workspace) {
   using X = Math<Rule, P, G>;
   const WorkItem it = items[blockIdx.x];
   if (tasks[it.task].grad == nullptr || steps[it.task].skip) return;
   const DeviceTask t = tasks[it.task];  // a copy: stores through float* cannot alias it
   const TaskStep st = steps[it.task];
-  X::factored_columns(t, st, it);
+  X::factored_columns(t, st, it, workspace);
 }
 
 template <class Rule, class P, class G>
 __global__ void __launch_bounds__(block_threads)
-    shard_sums_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkItem* items) {
+    shard_sums_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkItem* items,
+                      const double* workspace) {
   using X = Math<Rule, P, G>;
   const WorkItem it = items[blockIdx.x];
   if (tasks[it.task].grad == nullptr || steps[it.task].skip) return;
   const DeviceTask t = tasks[it.task];
-  if constexpr (X::S::factored) X::factored_shard_sums(t, it);
+  if constexpr (X::S::factored) X::factored_shard_sums(t, it, workspace);
 }
 
+/// One block of block_threads threads per tensor of the group (group_tasks).
 template <class Rule, class P, class G>
-__global__ void finalize_kernel(const DeviceTask* tasks, const TaskStep* steps, const std::int32_t* group_tasks,
-                                int n) {
+__global__ void __launch_bounds__(block_threads)
+    finalize_kernel(const DeviceTask* tasks, const TaskStep* steps, const std::int32_t* group_tasks) {
   using X = Math<Rule, P, G>;
-  const int k = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (k >= n) return;
-  const std::int32_t task = group_tasks[k];
-  const DeviceTask& t = tasks[task];
-  if (t.grad == nullptr || steps[task].skip) return;
+  const std::int32_t task = group_tasks[blockIdx.x];
+  if (tasks[task].grad == nullptr || steps[task].skip) return;
+  const DeviceTask t = tasks[task];
   X::finalize(t, steps[task]);
 }
 
