@@ -427,15 +427,19 @@ struct ArrayCheck {
   std::string detail;        ///< ulps tolerances: how many values differ, and by how much
 };
 
+/// Whether the arrays' sizes differ; if so, r says so and fails.
+inline bool sizes_differ(ArrayCheck& r, std::size_t got, std::size_t expected) {
+  if (got == expected) return false;
+  r.problem = "has " + std::to_string(got) + " values, expected " + std::to_string(expected);
+  r.worst = INFINITY;
+  return true;
+}
+
 inline ArrayCheck compare_array(const std::string& name, const std::vector<float>& got, const std::vector<float>& expected,
                                 Tolerance tol) {
   ArrayCheck r;
   r.array = name;
-  if (got.size() != expected.size()) {
-    r.problem = "has " + std::to_string(got.size()) + " values, expected " + std::to_string(expected.size());
-    r.worst = INFINITY;
-    return r;
-  }
+  if (sizes_differ(r, got.size(), expected.size())) return r;
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double e = expected[i];
     const double g = got[i];
@@ -483,11 +487,7 @@ inline ArrayCheck compare_ulps(const GoldenCase& c, const std::string& name, con
   const Tolerance tol = c.tolerance;
   ArrayCheck r;
   r.array = name;
-  if (got.size() != expected.size()) {
-    r.problem = "has " + std::to_string(got.size()) + " values, expected " + std::to_string(expected.size());
-    r.worst = INFINITY;
-    return r;
-  }
+  if (sizes_differ(r, got.size(), expected.size())) return r;
   const auto n = static_cast<std::size_t>(c.numel());
   std::vector<double> largest(n, 0.0);
   for (std::size_t i = 0; i < c.params.data.size(); ++i)
