@@ -39,6 +39,10 @@ struct StepSettings {
   /// > 0: the step clips the global gradient norm to it itself (the scale
   /// replaces grad_scale); clip_sum_squares() then reads the sum of g^2
   double max_norm = 0;
+  /// Whether an applied step advances the optimizer's step count besides
+  /// its tensors' counts (false: a step of one tensor inside an optimizer
+  /// step still under way, Optimizer::step(ParamId)).
+  bool counts_step = true;
 };
 
 /// The first offending gradient element of a step.

@@ -12,6 +12,13 @@
 //   NonFinitePolicy::unchecked  no check, as in the reference: NaN and
 //       infinities flow into the state and the parameters.
 //
+// Inside backward (Optimizer::step(ParamId), one tensor at a time) the policy
+// applies to each tensor alone: skip_step skips the offending tensor (its
+// parameter, state and count do not change) while the tensors stepped before
+// it stay updated; raise throws from that tensor's step(ParamId), which has
+// changed nothing. finish_step()'s report names the first skipped tensor and
+// counts them (StepReport::skipped).
+//
 // A gradient element "offends" when, after global-norm scaling (E6), it is
 // NaN, +-inf, or so large that its square would overflow the float second-
 // moment statistics (|g| > sqrt(FLT_MAX / (2 n)), n the longest row or column
@@ -86,6 +93,11 @@ struct NonFiniteGradient {
 struct StepReport {
   bool applied = true;                          ///< false: skipped, nothing changed
   std::optional<NonFiniteGradient> nonfinite;   ///< why, when skipped
+  /// Tensors skipped alone: a step taken inside backward (Optimizer::
+  /// step(ParamId), finish_step()) skips only the tensors whose gradient
+  /// offends, as the others are already updated; applied is then false and
+  /// nonfinite names the first of them. 0 for a whole step.
+  index_t skipped = 0;
   explicit operator bool() const noexcept { return applied; }
 };
 

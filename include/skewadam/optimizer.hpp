@@ -21,6 +21,10 @@
 // default (OptimizerOptions::nonfinite, see nonfinite.hpp); last_step() says
 // what the last step did.
 //
+// The step can also be taken inside backward, one parameter at a time, as
+// each gradient is complete, so that each gradient can be freed at once:
+// step(ParamId) for each, then finish_step(). It gives step()'s bits.
+//
 // Step counts live with the backend (on the GPU for the CUDA backend), and
 // step() never waits for a device (unless the policy is raise, which must
 // throw from step()): a skipped step is skipped by the backend itself, and
@@ -210,6 +214,7 @@ class Optimizer : public TierSettings {
   /// A copy of the complete optimizer state (see optimizer_state.hpp).
   /// Sharded: collective, every rank receives all of it.
   OptimizerState export_state() const {
+    check_no_open_step("export_state");
     refresh_counts();
     OptimizerState s;
     for (Tier t : all_tiers) s.hyperparameters[static_cast<std::size_t>(tier_index(t))] = hyper_[t];
@@ -256,6 +261,7 @@ class Optimizer : public TierSettings {
     std::vector<char> given;
   };
   StateImport begin_import() const {
+    check_no_open_step("import_state");
     StateImport im;
     im.staged = engine_.stage_begin();
     im.steps.assign(entries_.size(), 0);
@@ -282,6 +288,7 @@ class Optimizer : public TierSettings {
   /// hyperparameters (by tier_index), seed and step count of the state.
   void finish_import(StateImport&& im, const std::array<Hyperparameters, tier_count>& hyper, std::uint64_t seed,
                      std::int64_t steps) {
+    check_no_open_step("import_state");
     check_header(hyper, steps);
     for (std::size_t i = 0; i < entries_.size(); ++i) {
       if (!im.given[i]) throw std::invalid_argument("state of '" + entries_[i].name + "': missing");
@@ -366,6 +373,7 @@ class Optimizer : public TierSettings {
   /// gradients for the same parameters (else std::invalid_argument on every
   /// rank, nothing changes).
   void step() {
+    check_no_open_step("step()");
     const PerTier<Hyperparameters> h = hyperparameters_at(has_schedule() ? steps() + 1 : 0);
     gather_items();
     engine_.step(items_, nonfinite_, settings(h));
@@ -391,10 +399,114 @@ class Optimizer : public TierSettings {
     return last_;
   }
 
-  /// Number of step() calls applied so far.
+  /// Number of step() calls applied so far (and of steps finished with
+  /// finish_step()).
   std::int64_t steps() const {
     refresh_counts();
     return steps_;
+  }
+
+  // ------------------------------------------------ the step inside backward
+  /// Steps one parameter now, with its present gradient, exactly as the
+  /// whole step() would, so that the caller can free that gradient at once:
+  /// a backward hook calls it as soon as a gradient is complete, and
+  /// finish_step() ends the optimizer step once backward is done. The first
+  /// step(ParamId) opens the optimizer step number steps() + 1, whose lr
+  /// schedule value every parameter of it is stepped with; each parameter
+  /// is stepped at most once in it. A parameter's update reads only its own
+  /// gradient, state and count, so every rule gives the whole step's bits.
+  ///
+  /// What needs every gradient of the step is refused (std::invalid_argument,
+  /// nothing changes): max_grad_norm and a pending clip_grad_norm() scale,
+  /// the global gradient norm. The rules' own update clipping is per tensor
+  /// and is unchanged. Non-finite gradients are handled tensor by tensor
+  /// (nonfinite.hpp): under skip_step the offending tensor alone is skipped,
+  /// and finish_step() reports it; under raise this call throws and the
+  /// tensor is unchanged. While a step is open, step(), capture_step(),
+  /// export_state(), import_state() and checkpoints are refused
+  /// (std::logic_error). Sharded: collective; every rank steps the same
+  /// parameters in the same order, and a cut matrix's exchanges happen within
+  /// its own call. On a device backend the call does not wait for the device
+  /// (under skip_step, the next call reads the previous tensor's verdict).
+  void step(ParamId id) {
+    const std::size_t i = index_of(id);
+    const Entry& e = entries_[i];
+    if (max_grad_norm_ > 0)
+      throw std::invalid_argument(
+          "max_grad_norm: global gradient-norm clipping needs every gradient of the step, which a step inside "
+          "backward (step(ParamId)) does not wait for; set it to 0, or use the whole step()");
+    if (grad_scale_ != 1.0)
+      throw std::invalid_argument(
+          "clip_grad_norm: its scale needs every gradient of the step, which a step inside backward "
+          "(step(ParamId)) does not wait for; use the whole step()");
+    if (!e.grad.present())
+      throw std::invalid_argument("grad of '" + e.name + "': absent (set_grad() before step(ParamId))");
+    if (open_ && open_stepped_[i])
+      throw std::invalid_argument("param '" + e.name +
+                                  "': already stepped in this optimizer step (finish_step() ends it)");
+    if (!open_) (void)last_step();  // the previous step's report, before this step replaces the engine's
+    resolve_open();
+    // the open step's number (steps() does not count it until finish_step())
+    std::optional<std::int64_t> number = open_ ? open_number_ : std::nullopt;
+    if (has_schedule() && !number) number = steps() + 1;
+    StepSettings st = settings(hyperparameters_at(has_schedule() ? *number : 0));
+    st.counts_step = false;
+    if (e.param.numel() > 0) {
+      const StepItem one = item(i);
+      engine_.step(std::span<const StepItem>(&one, 1), nonfinite_, st);
+      counts_known_ = false;
+      open_pending_ = nonfinite_ != NonFinitePolicy::unchecked;
+    }
+    if (!open_) {  // opened once something has been stepped
+      open_stepped_.assign(entries_.size(), 0);
+      open_first_.reset();
+      open_skipped_ = 0;
+      open_ = true;
+    }
+    open_number_ = number;
+    open_settings_ = st;
+    open_stepped_[i] = 1;
+    if (nonfinite_ == NonFinitePolicy::raise || Backend::host_memory) resolve_open();
+  }
+
+  /// Ends the optimizer step that step(ParamId) opened: counts it (steps()
+  /// advances by one, the lr schedule moves on) and returns its report, which
+  /// last_step() gives from now on: applied unless a tensor was skipped for a
+  /// non-finite gradient, with the first such tensor and their number.
+  /// Sharded: collective. std::logic_error when no step is open.
+  StepReport finish_step() {
+    if (!open_) throw std::logic_error("finish_step: no step is open (step(ParamId) opens one)");
+    resolve_open();
+    StepSettings st = open_settings_;
+    st.counts_step = true;
+    engine_.step(std::span<const StepItem>(), NonFinitePolicy::unchecked, st);
+    counts_known_ = false;
+    last_ = StepReport{};
+    if (open_first_) {
+      last_.applied = false;
+      last_.nonfinite = std::move(open_first_);
+      last_.skipped = open_skipped_;
+    }
+    last_known_ = true;
+    open_ = false;
+    open_number_.reset();
+    open_first_.reset();
+    open_skipped_ = 0;
+    return last_;
+  }
+  /// Whether step(ParamId) has opened an optimizer step that finish_step()
+  /// has not ended yet.
+  bool step_open() const noexcept { return open_; }
+  /// Whether parameter id has been stepped in the open optimizer step.
+  bool stepped_in_open_step(ParamId id) const {
+    const std::size_t i = index_of(id);
+    return open_ && open_stepped_[i] != 0;
+  }
+  /// std::logic_error naming `what` while an optimizer step is open.
+  void check_no_open_step(std::string_view what) const {
+    if (open_)
+      throw std::logic_error(std::string(what) +
+                             ": a step inside backward is open (step(ParamId)); finish_step() ends it first");
   }
 
   // ------------------------------------------------------ CUDA graphs
@@ -409,6 +521,7 @@ class Optimizer : public TierSettings {
   /// parameter added, a gradient's dtype changed, a state imported). Not
   /// under NonFinitePolicy::raise, which needs the host inside every step.
   StepGraph capture_step() requires graphs {
+    check_no_open_step("capture_step");
     if (nonfinite_ == NonFinitePolicy::raise)
       throw std::invalid_argument(
           "nonfinite policy: raise needs the host inside every step; a captured step can skip_step or be unchecked");
@@ -420,6 +533,7 @@ class Optimizer : public TierSettings {
   /// Runs a step captured by capture_step() on the optimizer's stream: one
   /// more step, with the same report, counts and clipping as step().
   void replay(const StepGraph& g) requires graphs {
+    check_no_open_step("replay");
     if (g.policy() != nonfinite_)
       throw std::invalid_argument("graph: captured under nonfinite policy " +
                                   std::string(nonfinite_policy_name(g.policy())) + ", the optimizer's is now " +
@@ -523,6 +637,21 @@ class Optimizer : public TierSettings {
     std::uint32_t id = 0;    ///< rounding stream
     mutable std::int64_t step = 0;   ///< updates received (once refresh_counts())
   };
+
+  /// The last step(ParamId)'s verdict, once (may wait for a device): a
+  /// skipped tensor is counted and the first one kept; under raise, throws.
+  void resolve_open() {
+    if (!open_pending_) return;
+    open_pending_ = false;
+    const std::optional<Offender> bad = engine_.outcome();
+    if (!bad) return;
+    if (nonfinite_ == NonFinitePolicy::raise) {
+      open_stepped_[static_cast<std::size_t>(bad->index)] = 0;  // unchanged: it may be stepped again
+      throw NonFiniteGradientError(describe(*bad));
+    }
+    if (!open_first_) open_first_ = describe(*bad);
+    ++open_skipped_;
+  }
 
   /// Reads the counts from the engine once they may have changed.
   void refresh_counts() const {
@@ -653,6 +782,14 @@ class Optimizer : public TierSettings {
   mutable bool last_norm_known_ = true;
   /// Reused by every step; grows with the number of tensors, never with their size.
   std::vector<StepItem> items_;
+  // the step inside backward (step(ParamId), finish_step())
+  bool open_ = false;
+  std::optional<std::int64_t> open_number_;  ///< its number, for the lr schedule
+  std::vector<char> open_stepped_;           ///< by ParamId: stepped in it
+  StepSettings open_settings_{};
+  bool open_pending_ = false;                ///< the last tensor's verdict is still with the engine
+  std::optional<NonFiniteGradient> open_first_;
+  index_t open_skipped_ = 0;
 };
 
 // ----------------------------------------------------------------- variants

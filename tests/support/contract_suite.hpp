@@ -19,8 +19,11 @@
 // one bit for bit; a non-finite gradient skips the step with the same report
 // (last_step()) and changes nothing (raise: step() throws it); clipping
 // equals stepping with pre-scaled gradients, bit for bit, and max_grad_norm
-// equals clip_grad_norm before each step; bad input is refused with a
-// message naming the argument and nothing changed.
+// equals clip_grad_norm before each step; the step inside backward
+// (step(ParamId), finish_step()) gives the whole step's bits under every rule
+// alias, skips a non-finite tensor alone and refuses what needs every
+// gradient; bad input is refused with a message naming the argument and
+// nothing changed.
 
 #ifndef SKEWADAM_CONTRACT_CONFIGURATIONS
 #error "define SKEWADAM_CONTRACT_CONFIGURATIONS before including contract_suite.hpp"
@@ -171,6 +174,23 @@ std::filesystem::path scratch_file(const std::string& name) {
   const auto dir = std::filesystem::temp_directory_path() / "skewadam-contract";
   std::filesystem::create_directories(dir);
   return dir / name;
+}
+
+/// One optimizer step taken inside backward: each tensor with a gradient at
+/// step t is stepped alone (step(ParamId)), in backward's order (the last
+/// registered first), and the step is then finished.
+template <class Opt>
+StepReport step_in_backward(fixture::Model& m, Opt& opt, const std::vector<ParamId>& ids, std::int64_t t) {
+  for (std::size_t k = m.tensors.size(); k-- > 0;) {
+    fixture::Tensor& x = m.tensors[k];
+    opt.clear_grad(ids[k]);
+    if (t % x.grad_every != 0) continue;
+    x.fill_grad(k + 1, t);
+    opt.set_grad(ids[k], x.grad());
+    opt.step(ids[k]);
+    opt.clear_grad(ids[k]);  // as a hook frees it
+  }
+  return opt.finish_step();
 }
 
 }  // namespace skewadam::contract
@@ -476,6 +496,171 @@ TEST_CASE_TEMPLATE("contract: bad input is refused, naming the argument, and not
     CHECK(std::string(e.what()).find("lr schedule of tier router") != std::string::npos);
   }
   CHECK(Observed::take(m, *opt) == with_grads);
+}
+
+template <class Config, class Tiers>
+void in_backward_matches_whole_step(const char* alias) {
+  INFO("rule alias: ", alias);
+  auto make_one = [] {
+    auto opt = Config::template make<Tiers>(hyper(), OptimizerOptions{.seed = 99, .threads = 2});
+    opt->set_lr_schedule(Tier::backbone, WarmupCosine{.peak_lr = 1e-2, .warmup_steps = 2, .total_steps = 10});
+    return opt;
+  };
+  fixture::Model a = fixture::Model::make(Dtype::bf16), b = a;
+  auto whole = make_one();
+  auto inside = make_one();
+  const auto ia = a.register_with(*whole);
+  const auto ib = b.register_with(*inside);
+  for (std::int64_t t = 1; t <= 4; ++t) {
+    CAPTURE(t);
+    a.train(*whole, ia, t - 1, t);
+    CHECK_FALSE(inside->step_open());
+    const StepReport r = step_in_backward(b, *inside, ib, t);
+    CHECK(r.applied);
+    CHECK(r.skipped == 0);
+    CHECK_FALSE(inside->step_open());
+    CHECK(inside->last_step().applied);
+    CHECK(inside->steps() == t);
+    REQUIRE(Observed::take(b, *inside) == Observed::take(a, *whole));
+  }
+  // and the two modes mix: a whole step after steps inside backward
+  a.train(*whole, ia, 4, 6);
+  b.train(*inside, ib, 4, 6);
+  CHECK(Observed::take(b, *inside) == Observed::take(a, *whole));
+}
+
+TEST_CASE_TEMPLATE("contract: the step inside backward gives the whole step's bits, under every rule alias", Config,
+                   SKEWADAM_CONTRACT_CONFIGURATIONS) {
+  INFO("configuration: ", Config::name);
+  in_backward_matches_whole_step<Config, SkewAdamTiers>("SkewAdam");
+  in_backward_matches_whole_step<Config, ExpertMomentumTiers>("ExpertMomentumAblation");
+  in_backward_matches_whole_step<Config, FactoredRouterTiers>("FactoredRouterAblation");
+  in_backward_matches_whole_step<Config, UniformTiers>("UniformAblation");
+  in_backward_matches_whole_step<Config, AdafactorTiers>("AdafactorLike");
+  in_backward_matches_whole_step<Config, ExactExpertsTiers>("ExactExpertsAblation");
+  in_backward_matches_whole_step<Config, AdamWTiers>("AdamW");
+}
+
+TEST_CASE_TEMPLATE("contract: inside backward, a non-finite gradient skips its tensor alone and is reported", Config,
+                   SKEWADAM_CONTRACT_CONFIGURATIONS) {
+  INFO("configuration: ", Config::name);
+  for (std::size_t k : {std::size_t{1}, std::size_t{3}, std::size_t{6}}) {  // backbone, experts, router
+    // the skipped tensor ends as if it had no gradient in that step
+    fixture::Model a = fixture::Model::make(Dtype::bf16), b = a;
+    auto inside = make<Config>();
+    auto whole = make<Config>();
+    const auto ia = a.register_with(*inside);
+    const auto ib = b.register_with(*whole);
+    for (std::int64_t t = 1; t <= 2; ++t) {
+      (void)step_in_backward(a, *inside, ia, t);
+      b.train(*whole, ib, t - 1, t);
+    }
+    fixture::Tensor& x = a.tensors[k];
+    INFO("tensor ", x.name);
+    const std::size_t at = static_cast<std::size_t>(x.numel() / 3);
+    for (std::size_t i = a.tensors.size(); i-- > 0;) {
+      fixture::Tensor& y = a.tensors[i];
+      if (3 % y.grad_every != 0) continue;
+      y.fill_grad(i + 1, 3);
+      if (i == k) poke_grad(y, at, std::numeric_limits<float>::quiet_NaN());
+      inside->set_grad(ia[i], y.grad());
+      inside->step(ia[i]);
+      inside->clear_grad(ia[i]);
+    }
+    const StepReport r = inside->finish_step();
+    CHECK_FALSE(r.applied);
+    CHECK(r.skipped == 1);
+    REQUIRE(r.nonfinite.has_value());
+    CHECK(r.nonfinite->name == x.name);
+    CHECK(r.nonfinite->element == static_cast<index_t>(at));
+    CHECK(std::isnan(r.nonfinite->value));
+    CHECK(inside->last_step().skipped == 1);
+    CHECK(inside->steps() == 3);
+    set_grads(b, *whole, ib, 3);
+    whole->clear_grad(ib[k]);
+    whole->step();
+    CHECK(Observed::take(a, *inside) == Observed::take(b, *whole));
+    CHECK(inside->step_count(ia[k]) == 2);
+  }
+  SUBCASE("raise: that tensor's step throws, changes nothing, and can be stepped again") {
+    fixture::Model a = fixture::Model::make(Dtype::f32), b = a;
+    auto inside = make<Config>(NonFinitePolicy::raise);
+    auto whole = make<Config>(NonFinitePolicy::raise);
+    const auto ia = a.register_with(*inside);
+    const auto ib = b.register_with(*whole);
+    fixture::Tensor& x = a.tensors[3];
+    x.fill_grad(4, 1);
+    poke_grad(x, 5, std::numeric_limits<float>::infinity());
+    inside->set_grad(ia[3], x.grad());
+    try {
+      inside->step(ia[3]);
+      FAIL("step(ParamId) did not throw");
+    } catch (const NonFiniteGradientError& e) {
+      CHECK(e.report().name == x.name);
+      CHECK(e.report().element == 5);
+    }
+    CHECK_FALSE(inside->stepped_in_open_step(ia[3]));
+    CHECK(inside->step_count(ia[3]) == 0);
+    // the repaired gradient, then the rest: the whole step's bits
+    for (std::size_t i = a.tensors.size(); i-- > 0;) {
+      if (1 % a.tensors[i].grad_every != 0) continue;
+      a.tensors[i].fill_grad(i + 1, 1);
+      inside->set_grad(ia[i], a.tensors[i].grad());
+      inside->step(ia[i]);
+    }
+    CHECK(inside->finish_step().applied);
+    b.train(*whole, ib, 0, 1);
+    CHECK(Observed::take(a, *inside) == Observed::take(b, *whole));
+  }
+}
+
+TEST_CASE_TEMPLATE("contract: the step inside backward refuses what needs every gradient, and misuse", Config,
+                   SKEWADAM_CONTRACT_CONFIGURATIONS) {
+  INFO("configuration: ", Config::name);
+  fixture::Model m = fixture::Model::make(Dtype::bf16, /*large=*/false);
+  auto opt = make<Config>();
+  const auto ids = m.register_with(*opt);
+  m.train(*opt, ids, 0, 1);
+  set_grads(m, *opt, ids, 2);
+  const Observed before = Observed::take(m, *opt);
+  auto refused = [&]<class E>(auto&& f, const std::string& words, E*) {
+    try {
+      f();
+      FAIL("accepted: ", words);
+    } catch (const E& e) {
+      INFO("message: ", e.what());
+      CHECK(std::string(e.what()).find(words) != std::string::npos);
+    }
+  };
+  constexpr std::invalid_argument* bad_argument = nullptr;
+  constexpr std::logic_error* bad_state = nullptr;
+  opt->set_max_grad_norm(1.0);
+  refused([&] { opt->step(ids[0]); }, "max_grad_norm", bad_argument);
+  opt->set_max_grad_norm(0);
+  (void)opt->clip_grad_norm(1e-3);
+  refused([&] { opt->step(ids[0]); }, "clip_grad_norm", bad_argument);
+  CHECK_FALSE(opt->step_open());
+  CHECK(Observed::take(m, *opt) == before);
+  opt->step();  // the pending scale is used (and consumed) by a whole step
+  m.train(*opt, ids, 1, 2);
+  refused([&] { opt->finish_step(); }, "no step is open", bad_state);
+  refused([&] { opt->step(ParamId{42}); }, "param id 42", bad_argument);
+  opt->clear_grad(ids[0]);
+  refused([&] { opt->step(ids[0]); }, "grad of '" + m.tensors[0].name + "': absent", bad_argument);
+  set_grads(m, *opt, ids, 3);
+  opt->step(ids[1]);
+  CHECK(opt->step_open());
+  CHECK(opt->stepped_in_open_step(ids[1]));
+  CHECK_FALSE(opt->stepped_in_open_step(ids[0]));
+  refused([&] { opt->step(ids[1]); }, "already stepped", bad_argument);
+  refused([&] { opt->step(); }, "step(): a step inside backward is open", bad_state);
+  refused([&] { (void)opt->export_state(); }, "export_state", bad_state);
+  refused([&] { Config::save(*opt, scratch_file("open.ckpt")); }, "save_checkpoint", bad_state);
+  CHECK(opt->steps() == 3);
+  CHECK(opt->finish_step().applied);
+  CHECK(opt->steps() == 4);
+  CHECK(opt->step_count(ids[1]) == 4);
+  CHECK(opt->step_count(ids[0]) == 3);
 }
 
 }  // namespace skewadam::contract

@@ -118,6 +118,7 @@ inline ParamStateView arrays_of(const ParamState& s) noexcept { return {s.m, s.v
 template <class Tiers, class Backend, class Placement, class Sink, class Fetch>
 void save_with(const Optimizer<Tiers, Backend, Placement>& opt, Sink& sink, const SaveOptions& options,
                Fetch&& fetch) {
+  opt.check_no_open_step("save_checkpoint");
   CheckpointInfo info;
   info.steps = opt.steps();
   info.seed = opt.seed();

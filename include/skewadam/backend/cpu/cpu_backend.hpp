@@ -400,7 +400,7 @@ class CpuBackend {
   }
   void count() {
     for (const Stepped& s : stepped_) ++counts_[s.index];
-    ++steps_;
+    if (settings_.counts_step) ++steps_;
   }
   std::optional<Offender> outcome() const { return verdict_.offender; }
   double clip_sum_squares() const noexcept { return norm_sq_; }

@@ -362,6 +362,7 @@ class CudaBackend {
       R::to_device(t.d_stepped.data(), t.stepped.data(), t.stepped.size() * sizeof(int), stream_);
     }
     sync_grad_table(items);
+    counts_step_ = settings.counts_step;
     cuda::StepControl c;
     for (int k = 0; k < tier_count; ++k) c.hyper[k] = settings.hyper[static_cast<std::size_t>(k)];
     c.grad_scale = settings.grad_scale;
@@ -448,7 +449,8 @@ class CudaBackend {
     R::template launch<&cuda::end_step_kernel<>>(1u, cuda::block_threads, stream_,
                                                  static_cast<const int*>(tables_.d_stepped.data()),
                                                  tables_.counts.data(), static_cast<int>(tensors_.size()),
-                                                 static_cast<const cuda::CheckOutcome*>(outcome_.data()));
+                                                 static_cast<const cuda::CheckOutcome*>(outcome_.data()),
+                                                 counts_step_ ? 1 : 0);
   }
   /// The last step's first offender, when it was rejected; waits for the device.
   std::optional<Offender> outcome() const {
@@ -744,6 +746,7 @@ class CudaBackend {
   Array<cuda::StepControl> control_d_;
   cuda::StepControl control_{};  ///< what control_d_ holds once control_uploaded_
   bool control_uploaded_ = false;
+  bool counts_step_ = true;  ///< the step being enqueued advances the optimizer count (StepSettings::counts_step)
   Array<cuda::CheckOutcome> outcome_;
   Array<double> norm_sq_;  ///< the last clipping step's sum of g^2
   Array<double> workspace_;  ///< the statistics passes' column partials (fit_workspace)

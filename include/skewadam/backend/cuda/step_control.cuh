@@ -16,7 +16,8 @@
 //                      host's formula); clears the skip flags and the outcome
 //   end_step_kernel    unless the step was rejected (the outcome decide_kernel
 //                      wrote), every stepped tensor's count and the
-//                      optimizer's advance by one
+//                      optimizer's advance by one (the optimizer's only
+//                      when the step counts one, StepSettings::counts_step)
 
 #include <cstdint>
 
@@ -71,11 +72,12 @@ __global__ void begin_step_kernel(const DeviceTask* tasks, const StepControl* co
 
 /// stepped[k]: whether tensor k (of n) is in the step.
 template <int = 0>
-__global__ void end_step_kernel(const int* stepped, std::int64_t* counts, int n, const CheckOutcome* outcome) {
+__global__ void end_step_kernel(const int* stepped, std::int64_t* counts, int n, const CheckOutcome* outcome,
+                                int counts_step) {
   if (outcome->bad) return;
   for (int k = static_cast<int>(threadIdx.x); k < n; k += static_cast<int>(blockDim.x))
     if (stepped[k]) ++counts[k];
-  if (threadIdx.x == 0) ++counts[n];
+  if (threadIdx.x == 0 && counts_step) ++counts[n];
 }
 
 }  // namespace skewadam::backend::cuda
