@@ -18,6 +18,7 @@ endif()
 # executables below.
 set(_torch_common_sources
   ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_demo_report.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_in_backward.cpp
   ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_serialize.cpp
   ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_tier_rules.cpp
   ${CMAKE_CURRENT_LIST_DIR}/unit_torch/test_training.cpp)

@@ -53,6 +53,12 @@ class Core {
   /// raise); last_step() then waits for the device's answer.
   virtual void step() = 0;
   virtual const StepReport& last_step() const = 0;
+  /// The step inside backward (Optimizer::step(ParamId), finish_step()):
+  /// one parameter now, with its gradient set; sharded, every rank then holds
+  /// its complete updated values.
+  virtual void step(ParamId id) = 0;
+  virtual StepReport finish_step() = 0;
+  virtual bool step_open() const noexcept = 0;
   virtual std::int64_t step_count(ParamId id) const = 0;
   virtual std::int64_t steps() const = 0;
   /// The state arrays this process keeps of a parameter (in device memory
@@ -108,6 +114,12 @@ class CoreOf : public Core {
     }
   }
   const StepReport& last_step() const override { return opt_.last_step(); }
+  void step(ParamId id) override {
+    opt_.step(id);
+    if constexpr (Opt::sharded) opt_.gather_param(id);
+  }
+  StepReport finish_step() override { return opt_.finish_step(); }
+  bool step_open() const noexcept override { return opt_.step_open(); }
   std::int64_t step_count(ParamId id) const override { return opt_.step_count(id); }
   std::int64_t steps() const override { return opt_.steps(); }
   ParamStateView state(ParamId id) const override {
@@ -173,6 +185,14 @@ class DeviceCore final : public CoreOf<Opt> {
   const StepReport& last_step() const override {
     const typename Device::Guard g(device_);
     return Base::last_step();
+  }
+  void step(ParamId id) override {
+    const typename Device::Guard g(device_);
+    Base::step(id);
+  }
+  StepReport finish_step() override {
+    const typename Device::Guard g(device_);
+    return Base::finish_step();
   }
   std::int64_t step_count(ParamId id) const override {
     const typename Device::Guard g(device_);

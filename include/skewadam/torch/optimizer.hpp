@@ -69,6 +69,9 @@
 #include <ATen/ATen.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/optim/optimizer.h>
 #include <torch/ordered_dict.h>
 #include <torch/serialize/archive.h>
@@ -411,6 +414,12 @@ class Optimizer : public ::torch::optim::Optimizer {
     refresh_views();
   }
 
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+  Optimizer(Optimizer&&) = delete;  // the backward hooks point at it
+  Optimizer& operator=(Optimizer&&) = delete;
+  ~Optimizer() override { remove_backward_hooks(); }
+
   // ------------------------------------------------------------------ step
   /// One update of every parameter that has a gradient. With a closure, runs
   /// it first (with gradients enabled) and returns its loss. A step with a
@@ -418,43 +427,30 @@ class Optimizer : public ::torch::optim::Optimizer {
   /// last_step() tells which. On a device the step is enqueued on the
   /// framework's current stream and step() does not wait for it (except
   /// under NonFinitePolicy::raise, which must know before returning).
+  ///
+  /// After step_in_backward(), backward has already stepped each parameter
+  /// whose gradient it completed; step() then steps those that still hold a
+  /// gradient (set by hand) and ends the optimizer step (finish_step). The
+  /// same holds after step_parameter().
   at::Tensor step(LossClosure closure = nullptr) override {
     at::Tensor loss;
     if (closure) {
       at::AutoGradMode enable_grad(true);
       loss = closure();
     }
-    check_groups();
-    for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
-    consolidated_.reset();  // a consolidated checkpoint is of the state before this step
-    grad_copies_.clear();   // a device step's: no longer read (this step is on the same stream)
-
+    if (!hooks_.empty() || core_->step_open()) {
+      for (std::size_t i = 0; i < params_.size(); ++i)
+        if (params_[i].tensor.grad().defined()) step_one(i);
+      if (core_->step_open()) {
+        (void)core_->finish_step();
+        return loss;
+      }
+    }
+    begin_step();
     try {
       for (Param& p : params_) {
         check_param_tensor(p, "parameter '" + p.name + "'", false);
-        const at::Tensor& g = p.tensor.grad();
-        p.stepping = g.defined();
-        if (!g.defined()) {
-          core_->clear_grad(p.id);
-          continue;
-        }
-        const std::string who = "gradient of '" + p.name + "'";
-        if (g.layout() != at::kStrided) throw std::invalid_argument(who + ": sparse gradients are not supported");
-        if (g.device() != device_)
-          throw std::invalid_argument(who + ": on " + g.device().str() + "; it must be on the parameter's device (" +
-                                      device_.str() + ")");
-        if (g.sizes() != p.tensor.sizes()) throw std::invalid_argument(who + ": its sizes differ from the parameter's");
-        const Dtype gd = detail::dtype_of_tensor(g, who);
-        if (gd != Dtype::f32 && gd != p.dtype)
-          throw std::invalid_argument(who + ": dtype " + std::string(dtype_name(gd)) +
-                                      " must be float32 or the parameter's (" + std::string(dtype_name(p.dtype)) +
-                                      ")");
-        const at::Tensor* src = &g;
-        if (!g.is_contiguous()) {
-          grad_copies_.push_back(g.contiguous());
-          src = &grad_copies_.back();
-        }
-        core_->set_grad(p.id, detail::grad_view(*src, gd, p.shape));
+        p.stepping = bind_grad(p);
       }
       core_->before_step();
       core_->step();
@@ -469,6 +465,48 @@ class Optimizer : public ::torch::optim::Optimizer {
       if (p.stepping) p.tensor.unsafeGetTensorImpl()->bump_version();
     return loss;
   }
+
+  /// The step inside backward (on = true): from now on a hook on each
+  /// parameter's gradient accumulator steps that parameter as soon as
+  /// backward has completed its gradient, and then frees the gradient, so
+  /// that no more than a few gradients are alive at once instead of all of
+  /// them. step() after backward ends the optimizer step. The bits are those
+  /// of the plain step(). What needs every gradient is refused when the first
+  /// hook runs, with the core's message (max_grad_norm, the global norm), and
+  /// non-finite gradients skip their own tensor alone (last_step() after
+  /// step() names the first and counts them). Gradients are not accumulated
+  /// over several backward passes in this mode: each backward steps. on =
+  /// false removes the hooks.
+  void step_in_backward(bool on = true) {
+    if (!on) {
+      remove_backward_hooks();
+      return;
+    }
+    if (!hooks_.empty()) return;
+    std::vector<Hook> added;
+    try {
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        const at::Tensor& t = params_[i].tensor;
+        if (!t.requires_grad())
+          throw std::invalid_argument("parameter '" + params_[i].name +
+                                      "': does not require a gradient, so backward never completes one");
+        std::shared_ptr<::torch::autograd::Node> acc = ::torch::autograd::impl::grad_accumulator(t);
+        if (!acc) throw std::invalid_argument("parameter '" + params_[i].name + "': not a leaf tensor");
+        const std::uintptr_t key = acc->add_post_hook(std::make_unique<BackwardHook>(this, i));
+        added.push_back(Hook{std::move(acc), key});
+      }
+    } catch (...) {
+      for (Hook& h : added) h.node->del_post_hook(h.key);
+      throw;
+    }
+    hooks_ = std::move(added);
+  }
+  /// Whether step_in_backward() hooks are installed.
+  bool steps_in_backward() const noexcept { return !hooks_.empty(); }
+  /// What a step_in_backward() hook does, for a hook of the caller's own (the
+  /// Python package's): steps the named parameter now with its gradient,
+  /// which it then frees; step() ends the optimizer step.
+  void step_parameter(const std::string& name) { step_one(index_of(name)); }
 
   /// What the last step() did: applied, or skipped for a non-finite gradient
   /// (which one, where) under NonFinitePolicy::skip_step. On a device it
@@ -657,6 +695,80 @@ class Optimizer : public ::torch::optim::Optimizer {
     bool stepping = false;        // had a gradient in the last step()
   };
 
+  /// Steps parameter `index` once its gradient accumulator has run.
+  struct BackwardHook final : ::torch::autograd::FunctionPostHook {
+    BackwardHook(Optimizer* o, std::size_t i) : owner(o), index(i) {}
+    ::torch::autograd::variable_list operator()(const ::torch::autograd::variable_list& outputs,
+                                                const ::torch::autograd::variable_list&) override {
+      owner->step_one(index);
+      return outputs;
+    }
+    Optimizer* owner;
+    std::size_t index;
+  };
+  struct Hook {
+    std::shared_ptr<::torch::autograd::Node> node;  // kept alive: a tensor holds its accumulator weakly
+    std::uintptr_t key = 0;
+  };
+  void remove_backward_hooks() noexcept {
+    for (Hook& h : hooks_) h.node->del_post_hook(h.key);
+    hooks_.clear();
+  }
+
+  /// What every step begins with: the groups' hyperparameters.
+  void begin_step() {
+    check_groups();
+    for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
+    consolidated_.reset();  // a consolidated checkpoint is of the state before this step
+    grad_copies_.clear();   // a device step's: no longer read (this step is on the same stream)
+  }
+
+  /// Hands p's gradient to the core (checked); false when it has none.
+  bool bind_grad(Param& p) {
+    const at::Tensor& g = p.tensor.grad();
+    if (!g.defined()) {
+      core_->clear_grad(p.id);
+      return false;
+    }
+    const std::string who = "gradient of '" + p.name + "'";
+    if (g.layout() != at::kStrided) throw std::invalid_argument(who + ": sparse gradients are not supported");
+    if (g.device() != device_)
+      throw std::invalid_argument(who + ": on " + g.device().str() + "; it must be on the parameter's device (" +
+                                  device_.str() + ")");
+    if (g.sizes() != p.tensor.sizes()) throw std::invalid_argument(who + ": its sizes differ from the parameter's");
+    const Dtype gd = detail::dtype_of_tensor(g, who);
+    if (gd != Dtype::f32 && gd != p.dtype)
+      throw std::invalid_argument(who + ": dtype " + std::string(dtype_name(gd)) +
+                                  " must be float32 or the parameter's (" + std::string(dtype_name(p.dtype)) + ")");
+    const at::Tensor* src = &g;
+    if (!g.is_contiguous()) {
+      grad_copies_.push_back(g.contiguous());
+      src = &grad_copies_.back();
+    }
+    core_->set_grad(p.id, detail::grad_view(*src, gd, p.shape));
+    return true;
+  }
+
+  /// The step inside backward of parameter i (its hook, or step() for a
+  /// gradient no hook stepped): steps it, then frees its gradient.
+  void step_one(std::size_t i) {
+    Param& p = params_[i];
+    if (!p.tensor.grad().defined()) return;
+    if (!core_->step_open()) begin_step();
+    try {
+      check_param_tensor(p, "parameter '" + p.name + "'", false);
+      (void)bind_grad(p);
+      core_->before_step();
+      core_->step(p.id);
+    } catch (...) {
+      core_->clear_grad(p.id);
+      throw;
+    }
+    core_->clear_grad(p.id);
+    p.tensor.unsafeGetTensorImpl()->bump_version();
+    p.tensor.mutable_grad().reset();  // freed (a device step holds it through grad_copies_ or the stream)
+  }
+
   static std::vector<std::pair<std::string, at::Tensor>> to_pairs(const NamedParameters& d) {
     std::vector<std::pair<std::string, at::Tensor>> v;
     v.reserve(d.size());
@@ -807,6 +919,7 @@ class Optimizer : public ::torch::optim::Optimizer {
   std::unique_ptr<Core> core_;
   std::vector<at::Tensor> grad_copies_;                 // non-contiguous gradients a device step may still read
   std::optional<std::vector<std::byte>> consolidated_;  // sharded, rank 0: consolidate_checkpoint()'s bytes
+  std::vector<Hook> hooks_;                             // step_in_backward()'s
 };
 
 // ----------------------------------------------------------------- variants
