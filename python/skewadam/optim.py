@@ -209,6 +209,8 @@ class TieredOptimizer(torch.optim.Optimizer):
         defaults = dict(base)
         defaults["tier"] = None
         self._built = False
+        self._backward_hooks = []
+        self._accumulators = []
         super().__init__(groups, defaults)
         self._built = True
         self._refresh_state()
@@ -225,6 +227,64 @@ class TieredOptimizer(torch.optim.Optimizer):
                 loss = closure()
         self._engine.step(self._group_hyper())
         return loss
+
+    def step_in_backward(self, on=True):
+        """From now on each parameter is stepped inside backward, as soon as
+        backward has completed its gradient, and that gradient is freed at
+        once (its .grad is None again), so that no more than a few gradients
+        are alive at a time. Call step() after backward: it steps what still
+        holds a gradient and ends the optimizer step. The bits are those of
+        the plain step(). Global-norm clipping (max_grad_norm) needs every
+        gradient and is refused by the first hook; a non-finite gradient skips
+        its own tensor alone (last_step() after step() names the first).
+        Gradients are not accumulated over several backward passes in this
+        mode. on=False removes the hooks.
+
+        The hook is the tensor's register_post_accumulate_grad_hook where
+        torch has it (2.1 and later), else a hook on its gradient
+        accumulator."""
+        if not on:
+            for h in self._backward_hooks:
+                h.remove()
+            self._backward_hooks = []
+            self._accumulators = []
+            return
+        if self._backward_hooks:
+            return
+        hooks, accumulators = [], []
+        try:
+            for name in self._names:
+                tensor = self._tensor_of[name]
+                if not tensor.requires_grad:
+                    raise ValueError(f"parameter {name!r}: does not require a gradient, so backward never "
+                                     "completes one")
+                step_it = self._backward_step(name)
+                if hasattr(tensor, "register_post_accumulate_grad_hook"):
+                    hooks.append(tensor.register_post_accumulate_grad_hook(lambda _t, f=step_it: f()))
+                else:
+                    with torch.enable_grad():
+                        accumulator = tensor.expand_as(tensor).grad_fn.next_functions[0][0]
+                    accumulators.append(accumulator)  # a tensor holds its accumulator weakly
+                    hooks.append(accumulator.register_hook(lambda *_args, f=step_it: f()))
+        except BaseException:
+            for h in hooks:
+                h.remove()
+            raise
+        self._backward_hooks = hooks
+        self._accumulators = accumulators
+
+    @property
+    def steps_in_backward(self):
+        """Whether step_in_backward() hooks are installed."""
+        return bool(self._backward_hooks)
+
+    def _backward_step(self, name):
+        engine = self._engine
+        group_hyper = self._group_hyper
+
+        def step_it():
+            engine.step_parameter(name, group_hyper())
+        return step_it
 
     def last_step(self):
         """A StepReport of the last step: applied, or skipped and why."""

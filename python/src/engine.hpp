@@ -108,6 +108,18 @@ class Engine {
     opt_.step();
   }
 
+  /// The step inside backward of one parameter (its hook's), with these
+  /// hyperparameters; step() then ends the optimizer step.
+  void step_parameter(const std::string& name, const std::vector<HyperTuple>& hyper) {
+    if (!opt_.engine_core().step_open()) {
+      const PerTier<Hyperparameters> h = per_tier_of(hyper);
+      for (Tier t : all_tiers) opt_.group_options(t).hyperparameters() = h[t];
+    }
+    const py::gil_scoped_release release;
+    opt_.step_parameter(name);
+  }
+  bool step_open() const { return opt_.engine_core().step_open(); }
+
   /// (applied, name, element, value, message) of the last step.
   std::tuple<bool, std::optional<std::string>, std::int64_t, double, std::string> last_step() const {
     const StepReport& r = opt_.last_step();
@@ -243,6 +255,8 @@ void bind_engine(py::module_& m, const char* name) {
            py::arg("named_parameters"), py::arg("tier_rules"), py::arg("hyper"), py::arg("max_grad_norm"),
            py::arg("nonfinite"), py::arg("seed"), py::arg("threads"))
       .def("step", &E::step, py::arg("hyper"))
+      .def("step_parameter", &E::step_parameter, py::arg("name"), py::arg("hyper"))
+      .def("step_open", &E::step_open)
       .def("last_step", &E::last_step)
       .def("names", &E::names)
       .def("tier", &E::tier, py::arg("name"))

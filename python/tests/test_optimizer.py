@@ -399,3 +399,54 @@ def test_bad_input_raises_naming_the_argument():
     after = bits(model)
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert same_state(state_before, state_of(opt))
+
+
+# ------------------------------------------------- the step inside backward
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("variant", [skewadam.SkewAdam, skewadam.AdamW], ids=lambda v: v.__name__)
+def test_the_step_inside_backward_gives_the_plain_steps_bits_and_frees_gradients(variant, dtype, device):
+    def run(inside):
+        model = TinyMoE(dtype=dtype, device=device)
+        opt = variant(model.named_parameters(), lr=1e-2, weight_decay=0.01)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=6)
+        if inside:
+            opt.step_in_backward()
+            assert opt.steps_in_backward
+        for t in range(6):
+            tokens = batch(t, device)
+            opt.zero_grad()
+            logits = model(tokens[:, :-1]).float()
+            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), tokens[:, 1:].reshape(-1))
+            loss.backward()
+            if inside:  # backward has stepped and freed every gradient
+                assert all(p.grad is None for p in model.parameters())
+            opt.step()
+            sched.step()
+        assert opt.last_step().applied
+        return bits(model), state_of(opt)
+
+    plain_bits, plain_state = run(False)
+    inside_bits, inside_state = run(True)
+    for k in plain_bits:
+        assert torch.equal(plain_bits[k], inside_bits[k]), k
+    assert same_state(plain_state, inside_state)
+
+
+def test_the_step_inside_backward_refuses_global_norm_clipping_and_can_be_removed(device):
+    model = TinyMoE(device=device)
+    opt = skewadam.SkewAdam(model.named_parameters(), lr=1e-2, max_grad_norm=1.0)
+    opt.step_in_backward()
+    before = bits(model)
+    tokens = batch(0, device)
+    logits = model(tokens[:, :-1]).float()
+    loss = nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), tokens[:, 1:].reshape(-1))
+    with pytest.raises(ValueError, match="max_grad_norm"):
+        loss.backward()
+    assert opt.steps == 0
+    after = bits(model)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    opt.step_in_backward(False)
+    assert not opt.steps_in_backward
+    opt.zero_grad()
+    train(model, opt, 1, device)  # the plain step, with clipping
+    assert opt.steps == 1
