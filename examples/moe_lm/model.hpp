@@ -14,6 +14,8 @@
 //   blocks.1.moe.experts.gate_proj             [E, d, ff]     -> experts (stacked bank)
 //   blocks.1.moe.experts.up_proj               [E, d, ff]     -> experts
 //   blocks.1.moe.experts.down_proj             [E, ff, d]     -> experts
+//   blocks.1.moe.experts.7.gate_proj           [d, ff]        -> experts (ModelConfig::separate_experts:
+//                                                                one tensor per expert, as the paper's)
 //   blocks.0.ffn.gate_proj.weight              [ff, d]        -> backbone (a dense FFN's gate_proj)
 //   tok_emb.weight, pos_emb.weight, blocks.*.attn.*, *.ln*.*  -> backbone
 //
@@ -24,6 +26,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -45,6 +48,10 @@ struct ModelConfig {
   std::int64_t expert_ff = 768;  ///< hidden width of each expert
   std::int64_t top_k = 2;
   torch::ScalarType dtype = torch::kFloat;  ///< weights (LayerNorms and routers: fp32)
+  /// Each expert's matrices as tensors of their own instead of stacked banks:
+  /// then each expert's gradient is complete, and can be stepped and freed,
+  /// as soon as its part of backward ends (a bank's gradient is formed whole).
+  bool separate_experts = false;
   torch::Device device = torch::kCPU;
 
   std::int64_t key_value_heads() const { return kv_heads == 0 ? heads : kv_heads; }
@@ -74,9 +81,20 @@ struct ModelConfig {
 inline constexpr double init_std = 0.02;
 
 /// A new parameter on `options`' device and dtype, drawn from N(0, std).
+/// A 16-bit one is drawn in fp32, a slice of its first dimension at a time,
+/// and rounded: torch's normal_ on bf16 CPU tensors is several times slower,
+/// which for the paper's model is minutes of its start.
 inline torch::Tensor normal_parameter(torch::IntArrayRef shape, const torch::TensorOptions& options, double std) {
   torch::NoGradGuard no_grad;
-  return torch::empty(shape, options).normal_(0.0, std);
+  torch::Tensor t = torch::empty(shape, options);
+  if (options.dtype() == torch::kFloat || t.device().is_meta() || t.dim() == 0) return t.normal_(0.0, std);
+  const std::int64_t slice = std::max<std::int64_t>(1, t.numel() / std::max<std::int64_t>(1, t.size(0)));
+  const std::int64_t step = std::max<std::int64_t>(1, (std::int64_t{1} << 22) / slice);  // about 16 MiB of fp32
+  for (std::int64_t i = 0; i < t.size(0); i += step) {
+    torch::Tensor part = t.narrow(0, i, std::min(step, t.size(0) - i));
+    part.copy_(torch::empty(part.sizes(), options.dtype(torch::kFloat)).normal_(0.0, std));
+  }
+  return t;
 }
 
 /// y = x W^T, no bias; W [out, in].
@@ -165,28 +183,57 @@ class SwiGLUImpl : public torch::nn::Module {
 };
 TORCH_MODULE(SwiGLU);
 
-/// The experts of one MoE layer as stacked banks [E, rows, cols].
+/// One expert's matrices, when the experts are stored separately.
+class ExpertImpl : public torch::nn::Module {
+ public:
+  ExpertImpl(std::int64_t d, std::int64_t ff, const torch::TensorOptions& options, double out_std)
+      : gate_proj(register_parameter("gate_proj", normal_parameter({d, ff}, options, init_std))),
+        up_proj(register_parameter("up_proj", normal_parameter({d, ff}, options, init_std))),
+        down_proj(register_parameter("down_proj", normal_parameter({ff, d}, options, out_std))) {}
+  torch::Tensor gate_proj, up_proj, down_proj;
+};
+TORCH_MODULE(Expert);
+
+/// The experts of one MoE layer: stacked banks [E, rows, cols], or (separate)
+/// one Expert module each, named by its index.
 class ExpertBankImpl : public torch::nn::Module {
  public:
   ExpertBankImpl(std::int64_t experts, std::int64_t d, std::int64_t ff, const torch::TensorOptions& options,
-                 double out_std) {
+                 double out_std, bool separate = false) {
+    if (separate) {
+      for (std::int64_t e = 0; e < experts; ++e)
+        separate_.push_back(register_module(std::to_string(e), Expert(d, ff, options, out_std)));
+      return;
+    }
     gate_proj = register_parameter("gate_proj", normal_parameter({experts, d, ff}, options, init_std));
     up_proj = register_parameter("up_proj", normal_parameter({experts, d, ff}, options, init_std));
     down_proj = register_parameter("down_proj", normal_parameter({experts, ff, d}, options, out_std));
   }
-  /// The banks' experts as views, taken once per forward: autograd then
-  /// stacks their gradients once per bank (indexing the bank per expert
-  /// would add a bank-sized gradient for every expert).
+  /// The experts' matrices. A bank's are views, taken once per forward:
+  /// autograd then stacks their gradients once per bank (indexing the bank
+  /// per expert would add a bank-sized gradient for every expert).
   struct Views {
     std::vector<torch::Tensor> gate, up, down;
   };
-  Views views() { return {gate_proj.unbind(0), up_proj.unbind(0), down_proj.unbind(0)}; }
+  Views views() {
+    if (separate_.empty()) return {gate_proj.unbind(0), up_proj.unbind(0), down_proj.unbind(0)};
+    Views w;
+    for (const Expert& e : separate_) {
+      w.gate.push_back(e->gate_proj);
+      w.up.push_back(e->up_proj);
+      w.down.push_back(e->down_proj);
+    }
+    return w;
+  }
   /// SwiGLU of expert e on the rows of x ([n, d]).
   static torch::Tensor forward(const Views& w, std::size_t e, const torch::Tensor& x) {
     const auto xe = x.to(w.gate[e].scalar_type());
     return torch::matmul(torch::silu(torch::matmul(xe, w.gate[e])) * torch::matmul(xe, w.up[e]), w.down[e]);
   }
-  torch::Tensor gate_proj, up_proj, down_proj;
+  torch::Tensor gate_proj, up_proj, down_proj;  // undefined when separate
+
+ private:
+  std::vector<Expert> separate_;
 };
 TORCH_MODULE(ExpertBank);
 
@@ -207,7 +254,8 @@ class MoEImpl : public torch::nn::Module {
       : experts_(c.experts),
         top_k_(c.top_k),
         router(register_module("router", Dense(c.d_model, c.experts, options.dtype(torch::kFloat), init_std))),
-        experts(register_module("experts", ExpertBank(c.experts, c.d_model, c.expert_ff, options, out_std))) {}
+        experts(register_module("experts", ExpertBank(c.experts, c.d_model, c.expert_ff, options, out_std,
+                                                                  c.separate_experts))) {}
 
   MoEOutput forward(const torch::Tensor& x) {  // x: [N, d]
     const auto n = x.size(0);
