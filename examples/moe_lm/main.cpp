@@ -152,7 +152,8 @@ int run_driver(const Settings& s, const std::vector<std::string>& passthrough) {
             << " bytes held out\n"
             << "run:     " << s.steps << " steps x " << s.batch << " x " << s.model.context << " tokens, lr " << s.lr
             << " (warm-up " << s.warmup * 100 << " %, cosine to 0), weight decay " << s.weight_decay
-            << " (router 0), grad-norm clip " << s.max_grad_norm << ", eps " << s.eps
+            << " (router 0), grad-norm clip " << s.max_grad_norm
+            << " (none for a run stepping in backward), eps " << s.eps
             << " (the library's rules; AdamW 1e-8)\n"
             << "runs:    " << results.size() << ": " << s.seeds << (s.seeds == 1 ? " seed" : " seeds") << " from "
             << s.seed << " (initialisation and batch order)";
@@ -168,8 +169,36 @@ int run_driver(const Settings& s, const std::vector<std::string>& passthrough) {
   fs::create_directories(s.out);
   const std::string load_before = load_average();
   const auto started = Clock::now();
+  // On the CPU, each run's peak is computed before it starts and compared
+  // with what the machine has left: a run that cannot fit is refused, with
+  // its need, instead of being killed by the out-of-memory killer.
+  const bool on_cpu = s.device == "cpu";
+  double rest = moe_lm::first_rest_estimate(plan);
+  bool rest_measured = false;
+  std::map<std::string, moe_lm::MemoryNeed> needs;
+  double available = 0;
   for (std::size_t i = 0; i < results.size(); ++i) {
     RunResult& r = results[i];
+    if (on_cpu) {
+      const moe_lm::MemoryNeed need = moe_lm::memory_need(*model, plan, r.optimizer, rest);
+      needs[r.tag] = need;
+      r.needed_bytes = need.total();
+      available = moe_lm::available_memory_bytes();
+      if (need.total() > available) {
+        r.refused = true;
+        std::ostringstream planned;
+        planned << moe_lm::planned_state_bytes(plan, r.optimizer);
+        r.summary["state_bytes"] = planned.str();
+        std::cout << "[" << i + 1 << "/" << results.size() << " " << moe_lm::display_name(r.optimizer)
+                  << "] refused: it needs " << moe_lm::gib_text(need.total()) << " GiB (weights "
+                  << moe_lm::gib_text(need.weights) << ", gradients " << moe_lm::gib_text(need.grads) << ", state "
+                  << moe_lm::gib_text(need.state) << ", rest " << moe_lm::gib_text(need.rest)
+                  << (rest_measured ? " as measured" : " estimated") << "), " << moe_lm::gib_text(available)
+                  << " GiB are available\n"
+                  << std::flush;
+        continue;
+      }
+    }
     std::vector<std::string> args = passthrough;  // the options given; those below override them
     std::ostringstream lr;
     lr << std::setprecision(17) << s.lr * r.factor;
@@ -178,12 +207,23 @@ int run_driver(const Settings& s, const std::vector<std::string>& passthrough) {
                              "--threads", std::to_string(s.threads)});
     r.peak_rss_kib = spawn_worker(self, args);
     r.summary = read_summary(fs::path(s.out) / ("summary_" + r.tag + ".txt"));
+    if (on_cpu) {  // the rest this model measured, for the need of the runs after it
+      const double measured = static_cast<double>(r.peak_rss_kib) * 1024.0 - r.number("weights_bytes") -
+                              r.number("grads_bytes") - r.number("state_bytes");
+      if (std::isfinite(measured)) {
+        rest = rest_measured ? std::max(rest, measured) : measured;
+        rest_measured = true;
+      }
+    }
   }
+  std::vector<RunResult> ran;  // the table and the curves: the runs that trained
+  for (const RunResult& r : results)
+    if (!r.refused) ran.push_back(r);
   const double wall = std::chrono::duration<double>(Clock::now() - started).count();
 
-  const std::vector<moe_lm::Row> rows = moe_lm::table_rows(s, results);
+  const std::vector<moe_lm::Row> rows = moe_lm::table_rows(s, ran);
   std::cout << "\n" << moe_lm::table(s, rows) << "\n";
-  if (s.tune) std::cout << moe_lm::sweep_table(s, results) << "\n";
+  if (s.tune) std::cout << moe_lm::sweep_table(s, ran) << "\n";
   std::cout << moe_lm::claims(rows) << "\n"
             << "total wall time " << moe_lm::duration(wall) << "; load average " << load_before << " before, "
             << load_average() << " after\n";
@@ -191,6 +231,25 @@ int run_driver(const Settings& s, const std::vector<std::string>& passthrough) {
   std::cout << "results: " << fs::absolute(fs::path(s.out) / "results.csv").string() << ", "
             << fs::absolute(fs::path(s.out) / "curves_mean.csv").string() << "\n";
   moe_lm::write_curves_and_plot(s, rows);
+  if (on_cpu) {
+    std::vector<moe_lm::RunMemory> memory;
+    for (const RunResult& r : results) {
+      if (r.factor != 1.0 || r.seed != s.seed) continue;  // the first seed's runs at the default lr
+      moe_lm::RunMemory m;
+      const moe_lm::MemoryNeed& need = needs.at(r.tag);
+      m.name = r.optimizer;
+      m.refused = r.refused;
+      m.needed = r.needed_bytes;
+      m.weights = r.refused ? need.weights : r.number("weights_bytes");
+      m.grads = r.refused ? need.grads : r.number("grads_bytes");
+      m.state = r.refused ? need.state : r.number("state_bytes");
+      m.rss_peak = r.refused ? -1 : static_cast<double>(r.peak_rss_kib) * 1024.0;
+      memory.push_back(m);
+    }
+    std::cout << "\npeak memory during training (" << s.steps << " steps of " << s.batch << " x " << s.model.context
+              << " tokens):\n"
+              << moe_lm::cpu_memory_table(memory, available);
+  }
   if (s.device == "cuda") {
     std::vector<moe_lm::RunMemory> memory;
     for (const moe_lm::Row& row : rows) {

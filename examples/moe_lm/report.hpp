@@ -30,6 +30,8 @@ struct RunResult {
   std::string tag;
   std::map<std::string, std::string> summary;
   long peak_rss_kib = 0;
+  bool refused = false;  ///< not started: it needs more memory than is available
+  double needed_bytes = std::nan("");  ///< its computed peak (on the CPU)
 
   double number(const std::string& key) const {
     const auto it = summary.find(key);
@@ -90,7 +92,7 @@ struct Row {
     for (const RunResult* r : runs) v.push_back(r->number(key));
     return spread(v);
   }
-  std::string label() const { return display_names.at(optimizer) + (tuned ? ", tuned" : ""); }
+  std::string label() const { return display_name(optimizer) + (tuned ? ", tuned" : ""); }
   /// label(), with the lr a tuned row was picked at
   std::string label_with_lr() const { return label() + (tuned ? " (lr " + lr_text(lr) + ")" : ""); }
   long peak_rss_kib() const {
@@ -114,7 +116,10 @@ inline bool tuned_baseline(const std::string& optimizer) { return optimizer == "
 /// baseline at its best lr (lowest mean validation perplexity).
 inline std::vector<Row> table_rows(const Settings& s, const std::vector<RunResult>& results) {
   std::vector<Row> rows;
-  for (const auto& o : s.optimizers) rows.push_back(row_of(results, o, 1.0, s.lr));
+  for (const auto& o : s.optimizers) {
+    Row r = row_of(results, o, 1.0, s.lr);
+    if (!r.runs.empty()) rows.push_back(std::move(r));  // none: every run of it was refused
+  }
   if (!s.tune) return rows;
   for (const auto& o : s.optimizers) {
     if (!tuned_baseline(o)) continue;
@@ -133,19 +138,21 @@ inline std::string table(const Settings& s, const std::vector<Row>& rows) {
   double adamw_bytes = std::nan("");
   for (const Row& r : rows)
     if (r.optimizer == "adamw") adamw_bytes = r.of("state_bytes").mean;
+  int width = 24;  // the first column: the longest label and a space
+  for (const Row& r : rows) width = std::max(width, static_cast<int>(r.label().size()) + 1);
   std::ostringstream t;
-  t << std::left << std::setw(24) << "optimizer" << std::right << std::setw(8) << "lr" << std::setw(11) << "state MB"
+  t << std::left << std::setw(width) << "optimizer" << std::right << std::setw(8) << "lr" << std::setw(11) << "state MB"
     << std::setw(9) << "vs AdamW" << std::setw(10) << "backbone" << std::setw(9) << "experts" << std::setw(8)
     << "router" << std::setw(10) << "peak RSS" << std::setw(9) << "tok/s" << std::setw(8) << "step ms"
     << std::setw(9) << "val ppl" << std::setw(8) << "± sd" << std::setw(9) << "balance" << std::setw(10)
     << "max load" << "\n"
-    << std::string(142, '-') << "\n";
+    << std::string(static_cast<std::size_t>(118 + width), '-') << "\n";
   for (const Row& r : rows) {
     const double bytes = r.of("state_bytes").mean;
     auto tier = [&](const char* key) { return megabytes(r.of(key).mean); };  // "-" without one
     const Spread ppl = r.of("val_ppl");
     const double load = r.of("max_load").mean;
-    t << std::left << std::setw(24) << r.label() << std::right << std::setw(8) << lr_text(r.lr) << std::setw(11)
+    t << std::left << std::setw(width) << r.label() << std::right << std::setw(8) << lr_text(r.lr) << std::setw(11)
       << megabytes(bytes) << std::setw(9)
       << (std::isnan(adamw_bytes) ? std::string("-") : fixed(100.0 * bytes / adamw_bytes, 1) + " %") << std::setw(10)
       << tier("state_backbone") << std::setw(9) << tier("state_experts") << std::setw(8) << tier("state_router")
@@ -159,7 +166,8 @@ inline std::string table(const Settings& s, const std::vector<Row>& rows) {
   t << "state: optimizer state bytes (MB = 10^6 B; AdamW's from its state tensors, the others from the library);\n"
     << "peak RSS: whole process (LibTorch included), the largest over the seeds; tok/s: training, evaluation "
        "excluded;\n"
-    << "step ms: optimizer.step() alone; val ppl: per byte, on " << s.final_windows << " held-out windows of "
+    << "step ms: optimizer.step() alone (a step inside backward is part of backward, not of this);\n"
+    << "val ppl: per byte, on " << s.final_windows << " held-out windows of "
     << s.model.context << ", mean over " << seeds << (seeds == 1 ? " seed" : " seeds")
     << " (± sd: their standard deviation);\n"
     << "balance: load-balancing loss (1 = uniform routing); max load: how far the busiest expert's share of the\n"
@@ -179,7 +187,7 @@ inline std::string sweep_table(const Settings& s, const std::vector<RunResult>& 
   t << "\n";
   for (const auto& o : s.optimizers) {
     if (!tuned_baseline(o)) continue;
-    t << std::left << std::setw(24) << display_names.at(o) << std::right;
+    t << std::left << std::setw(24) << display_name(o) << std::right;
     for (double f : s.tune_factors) {
       t << std::setw(18) << spread_text(row_of(results, o, f, s.lr).of("val_ppl"));
     }
@@ -334,10 +342,12 @@ inline void write_curves_and_plot(const Settings& s, const std::vector<Row>& row
      << "plot ";
   const std::map<std::string, std::string> colour{{"skewadam", "#d62728"},        {"adamw", "#1f77b4"},
                                                   {"adafactor", "#2ca02c"},       {"uniform", "#ff7f0e"},
-                                                  {"expert-momentum", "#9467bd"}, {"factored-router", "#8c564b"}};
+                                                  {"expert-momentum", "#9467bd"}, {"factored-router", "#8c564b"},
+                                                  {"no-optimizer", "#7f7f7f"}};
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const std::string file = "'" + (dir / ("curve_mean_" + std::to_string(i) + ".csv")).string() + "'";
-    const std::string lc = " lc rgb '" + colour.at(rows[i].optimizer) + "'";
+    const std::string lc = " lc rgb '" + colour.at(rule_of(rows[i].optimizer)) + "'" +
+                           (in_backward(rows[i].optimizer) && rows[i].optimizer != "no-optimizer" ? " dt 3" : "");
     if (seeds > 1) gp << (i ? ", " : "") << file << " using 1:4:5 with filledcurves" << lc << " notitle";
     gp << (i || seeds > 1 ? ", " : "") << file << " using 1:2 with lines lw 2" << lc
        << (rows[i].tuned ? " dt 2" : "") << " title '" << rows[i].label_with_lr() << "'";
@@ -353,12 +363,17 @@ inline void write_curves_and_plot(const Settings& s, const std::vector<Row>& row
 inline void write_results(const Settings& s, const std::vector<RunResult>& results) {
   std::ofstream csv(std::filesystem::path(s.out) / "results.csv");
   const char* keys[] = {"state_bytes", "state_backbone", "state_experts", "state_router", "tokens_per_s",
-                        "optimizer_ms_per_step", "val_loss", "val_ppl", "balance_loss", "max_load", "train_seconds"};
-  csv << "run,optimizer,lr,seed,peak_rss_kib";
+                        "seconds_per_step", "optimizer_ms_per_step", "val_loss", "val_ppl", "balance_loss",
+                        "max_load", "train_seconds"};
+  csv << "run,optimizer,lr,seed,peak_rss_kib,peak_bytes,needed_bytes";
   for (const char* k : keys) csv << "," << k;
   csv << "\n";
   for (const RunResult& r : results) {
-    csv << r.tag << "," << r.optimizer << "," << s.lr * r.factor << "," << r.seed << "," << r.peak_rss_kib;
+    csv << r.tag << "," << r.optimizer << "," << s.lr * r.factor << "," << r.seed << ",";
+    if (!r.refused) csv << r.peak_rss_kib << "," << static_cast<std::int64_t>(r.peak_rss_kib) * 1024;
+    else csv << ",";
+    csv << ",";
+    if (!std::isnan(r.needed_bytes)) csv << std::llround(r.needed_bytes);
     for (const char* k : keys) {
       const auto it = r.summary.find(k);
       csv << "," << (it == r.summary.end() ? "" : it->second);

@@ -8,6 +8,7 @@
 #include <skewadam/tier_assignment.hpp>
 #include <skewadam/torch/optimizer.hpp>
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -60,18 +61,62 @@ inline std::int64_t torch_state_bytes(const torch::optim::Optimizer& opt) {
 struct TrainedOptimizer {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::function<std::int64_t(skewadam::Tier)> tier_bytes;  // empty for torch's AdamW
+  std::shared_ptr<void> keep;  // what a run without an optimizer keeps alive (its hooks)
+};
+
+/// A run without an optimizer: each parameter's gradient is dropped as soon
+/// as it has been accumulated, inside backward, by a post hook on its
+/// gradient accumulator (what the library's step inside backward does after
+/// stepping it). Removes its hooks when destroyed.
+class GradientDropper {
+ public:
+  explicit GradientDropper(const std::vector<torch::Tensor>& params) {
+    for (const auto& p : params) {
+      std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(p);
+      const std::uintptr_t key = acc->add_post_hook(std::make_unique<Drop>(p));
+      hooks_.push_back({std::move(acc), key});
+    }
+  }
+  ~GradientDropper() {
+    for (auto& [node, key] : hooks_) node->del_post_hook(key);
+  }
+  GradientDropper(const GradientDropper&) = delete;
+  GradientDropper& operator=(const GradientDropper&) = delete;
+
+ private:
+  struct Drop final : torch::autograd::FunctionPostHook {
+    explicit Drop(const torch::Tensor& p) : param(p) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list&) override {
+      param.mutable_grad() = torch::Tensor();
+      return outputs;
+    }
+    torch::Tensor param;  // no cycle: the dropper removes its hooks when destroyed
+  };
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
+};
+
+/// A step-less optimizer over the parameters, so that the run's loop is the
+/// same: its step() does nothing.
+class NoOptimizer final : public torch::optim::Optimizer {
+ public:
+  explicit NoOptimizer(std::vector<torch::Tensor> params)
+      : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
+                                std::make_unique<torch::optim::SGDOptions>(0.0)) {}
+  torch::Tensor step(LossClosure = nullptr) override { return {}; }
 };
 
 template <class Variant>
-TrainedOptimizer make_skewadam(MoELM& model, const Settings& s) {
+TrainedOptimizer make_skewadam(MoELM& model, const Settings& s, bool step_in_backward) {
   skewadam::libtorch::Options o;
   const skewadam::Hyperparameters decayed{.lr = s.lr, .eps = s.eps, .weight_decay = s.weight_decay};
   o.hyperparameters = {decayed, decayed, skewadam::Hyperparameters{.lr = s.lr, .eps = s.eps}};
   o.threads = s.threads;
   o.seed = s.seed;
   auto opt = std::make_unique<Variant>(model->named_parameters(), std::move(o));
+  if (step_in_backward) opt->step_in_backward();
   auto* raw = opt.get();
-  return {std::move(opt), [raw](skewadam::Tier t) { return static_cast<std::int64_t>(raw->state_bytes(t)); }};
+  return {std::move(opt), [raw](skewadam::Tier t) { return static_cast<std::int64_t>(raw->state_bytes(t)); }, {}};
 }
 
 /// AdamW's state of one parameter: fp32 zeros, step 0.
@@ -111,12 +156,21 @@ inline bool adamw_steps_with_fp32_moments(torch::Device device, torch::ScalarTyp
   }
 }
 
-inline TrainedOptimizer make_optimizer(const std::string& name, MoELM& model, const Settings& s) {
-  if (name == "skewadam") return make_skewadam<skewadam::libtorch::SkewAdam>(model, s);
-  if (name == "adafactor") return make_skewadam<skewadam::libtorch::AdafactorLike>(model, s);
-  if (name == "uniform") return make_skewadam<skewadam::libtorch::UniformAblation>(model, s);
-  if (name == "expert-momentum") return make_skewadam<skewadam::libtorch::ExpertMomentumAblation>(model, s);
-  if (name == "factored-router") return make_skewadam<skewadam::libtorch::FactoredRouterAblation>(model, s);
+inline TrainedOptimizer make_optimizer(const std::string& optimizer, MoELM& model, const Settings& s) {
+  const std::string name = rule_of(optimizer);
+  const bool ib = in_backward(optimizer);
+  if (name == "no-optimizer") {
+    std::vector<torch::Tensor> params;
+    for (const auto& p : model->parameters()) params.push_back(p);
+    TrainedOptimizer t{std::make_unique<NoOptimizer>(params), [](skewadam::Tier) { return std::int64_t{0}; }, {}};
+    t.keep = std::make_shared<GradientDropper>(params);
+    return t;
+  }
+  if (name == "skewadam") return make_skewadam<skewadam::libtorch::SkewAdam>(model, s, ib);
+  if (name == "adafactor") return make_skewadam<skewadam::libtorch::AdafactorLike>(model, s, ib);
+  if (name == "uniform") return make_skewadam<skewadam::libtorch::UniformAblation>(model, s, ib);
+  if (name == "expert-momentum") return make_skewadam<skewadam::libtorch::ExpertMomentumAblation>(model, s, ib);
+  if (name == "factored-router") return make_skewadam<skewadam::libtorch::FactoredRouterAblation>(model, s, ib);
   // torch's AdamW, with the same groups: weight decay except on the router.
   const skewadam::TierAssigner rules;
   std::vector<torch::Tensor> decayed, router;
@@ -137,7 +191,7 @@ inline TrainedOptimizer make_optimizer(const std::string& name, MoELM& model, co
       std::cout << "AdamW: this LibTorch cannot update " << c10::toString(s.model.dtype)
                 << " parameters from fp32 moments on this device; its moments are kept in the parameters' dtype\n";
   }
-  return {std::move(adamw), {}};
+  return {std::move(adamw), {}, {}};
 }
 
 struct Evaluation {
@@ -183,9 +237,16 @@ inline Evaluation evaluate(MoELM& model, const std::vector<Batch>& batches) {
 /// batches from s.seed. Writes curve_TAG.csv and summary_TAG.txt (TAG:
 /// s.tag) in s.out.
 inline int run_worker(const Settings& s) {
+  // glibc serves blocks above its mmap threshold from mmap and unmaps them
+  // when freed, but raises the threshold to each such block freed (up to 32
+  // MiB), after which blocks that size stay in its heap once freed. On the
+  // paper's model (gradients of 32 MiB, activations of hundreds of MiB) that
+  // kept 2.8 GiB more at the peak (measured: 17.75 against 14.91 GiB without
+  // an optimizer). A fixed threshold of 1 MiB returns them.
+  if (s.return_freed_memory) mallopt(M_MMAP_THRESHOLD, 1 << 20);
   at::set_num_threads(s.threads);
   std::ostringstream labelled;
-  labelled << display_names.at(s.worker) << ", lr " << s.lr << ", seed " << s.seed;
+  labelled << display_name(s.worker) << ", lr " << s.lr << ", seed " << s.seed;
   const std::string label = labelled.str();
   const Corpus corpus = load_corpus(s.data, s.model.context);
   const torch::Device device = resolve_device(s.device);
@@ -205,6 +266,14 @@ inline int run_worker(const Settings& s) {
   const auto final_set = validation_batches(corpus.val, s.batch, s.model.context, s.final_windows);
   std::vector<torch::Tensor> params;
   for (const auto& p : model->named_parameters()) params.push_back(p.value());
+  // The largest gradient formed in backward: with the step inside backward,
+  // the most gradient memory the optimizer holds at once.
+  const bool steps_in_backward = in_backward(s.worker);
+  std::int64_t largest_grad = 0;
+  for (auto& p : params)
+    p.register_hook([&largest_grad](const torch::Tensor& g) {
+      largest_grad = std::max<std::int64_t>(largest_grad, g.numel() * static_cast<std::int64_t>(g.element_size()));
+    });
 
   fs::create_directories(s.out);
   std::ofstream curve(fs::path(s.out) / ("curve_" + s.tag + ".csv"));
@@ -227,8 +296,8 @@ inline int run_worker(const Settings& s) {
     const auto out = model->forward(batch.inputs);
     const auto ce = lm_loss(out.logits, batch.targets);
     const auto loss = ce + s.balance_coef * out.balance_loss;
-    loss.backward();
-    torch::nn::utils::clip_grad_norm_(params, s.max_grad_norm);
+    loss.backward();  // with the step inside backward, each parameter is stepped here
+    if (!steps_in_backward) torch::nn::utils::clip_grad_norm_(params, s.max_grad_norm);
     synchronize(device);
     const auto t1 = Clock::now();
     opt.step();
@@ -244,6 +313,8 @@ inline int run_worker(const Settings& s) {
         weights += p.numel() * static_cast<std::int64_t>(p.element_size());
         if (p.grad().defined()) grads += p.grad().numel() * static_cast<std::int64_t>(p.grad().element_size());
       }
+      // in backward, every gradient is freed by now: the largest is what was held
+      if (steps_in_backward) grads = largest_grad;
       memory << "weights_bytes=" << weights << "\ngrads_bytes=" << grads << "\n";
     }
     step_seconds += std::chrono::duration<double>(t2 - t1).count();
@@ -302,6 +373,7 @@ inline int run_worker(const Settings& s) {
       summary << "state_" << skewadam::tier_name(tier) << "=" << t.tier_bytes(tier) << "\n";
   summary << "tokens_per_s=" << static_cast<double>(s.steps * tokens_per_step) / train_seconds << "\n";
   summary << "train_seconds=" << train_seconds << "\n";
+  summary << "seconds_per_step=" << train_seconds / static_cast<double>(s.steps) << "\n";
   summary << "optimizer_ms_per_step=" << 1000.0 * step_seconds / static_cast<double>(s.steps) << "\n";
   summary << "train_loss=" << last_train_loss << "\n";
   summary << "val_loss=" << final_eval.loss << "\n";

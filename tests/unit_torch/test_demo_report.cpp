@@ -11,7 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "memory_report.hpp"
+#include "model.hpp"
 #include "report.hpp"
+#include "run.hpp"
 
 namespace test_demo_report {
 
@@ -129,6 +132,66 @@ TEST_CASE("demo settings: --tune-factors takes each factor once, and always the 
   const char* zero[] = {"moe_lm", "--tune-factors", "1,0"};
   DOCTEST_CHECK_THROWS_WITH_AS(moe_lm::parse(3, const_cast<char**>(zero), bad), doctest::Contains("--tune-factors: '0'"),
                                std::invalid_argument);
+}
+
+TEST_CASE("demo settings: --in-backward names each library optimizer's in-backward run; AdamW has none") {
+  moe_lm::Settings s;
+  const char* argv[] = {"moe_lm", "--optimizers", "skewadam,adamw,adafactor", "--in-backward"};
+  DOCTEST_REQUIRE(moe_lm::parse(4, const_cast<char**>(argv), s));
+  DOCTEST_CHECK(s.optimizers ==
+                std::vector<std::string>{"skewadam-in-backward", "adamw", "adafactor-in-backward"});
+  DOCTEST_CHECK(moe_lm::rule_of("skewadam-in-backward") == "skewadam");
+  DOCTEST_CHECK(moe_lm::in_backward("no-optimizer"));
+  DOCTEST_CHECK_FALSE(moe_lm::in_backward("skewadam"));
+  DOCTEST_CHECK(moe_lm::display_name("skewadam-in-backward") == "SkewAdam, step in backward");
+  moe_lm::Settings bad;
+  const char* adamw[] = {"moe_lm", "--optimizers", "adamw-in-backward"};
+  DOCTEST_CHECK_THROWS_WITH_AS(moe_lm::parse(3, const_cast<char**>(adamw), bad),
+                               doctest::Contains("unknown optimizer 'adamw-in-backward'"), std::invalid_argument);
+}
+
+TEST_CASE("demo memory: a run's need holds every gradient, or with the step inside backward the largest") {
+  moe_lm::ModelConfig c;
+  c.device = torch::kMeta;
+  c.separate_experts = true;
+  moe_lm::MoELM model(c);
+  const skewadam::Plan plan = moe_lm::plan_of(*model);
+  double all = 0, largest = 0;
+  std::int64_t expert_tensors = 0;
+  for (const auto& p : model->named_parameters()) {
+    const double bytes = static_cast<double>(p.value().numel() * p.value().element_size());
+    all += bytes;
+    largest = std::max(largest, bytes);
+    if (p.key().find(".experts.") != std::string::npos) {
+      ++expert_tensors;
+      DOCTEST_CHECK(p.value().dim() == 2);  // one expert's matrix, not a bank
+    }
+  }
+  DOCTEST_CHECK(expert_tensors == 3 * c.experts);  // one MoE block: gate, up and down of each expert
+  const moe_lm::MemoryNeed plain = moe_lm::memory_need(*model, plan, "skewadam", 1e6);
+  const moe_lm::MemoryNeed ib = moe_lm::memory_need(*model, plan, "skewadam-in-backward", 1e6);
+  const moe_lm::MemoryNeed none = moe_lm::memory_need(*model, plan, "no-optimizer", 1e6);
+  DOCTEST_CHECK(plain.grads == all);
+  DOCTEST_CHECK(ib.grads == largest);
+  DOCTEST_CHECK(ib.state == static_cast<double>(plan.state_bytes.skewadam));
+  DOCTEST_CHECK(none.state == 0.0);
+  DOCTEST_CHECK(plain.total() == plain.weights + all + plain.state + 1e6);
+  DOCTEST_CHECK(moe_lm::available_memory_bytes() > 0.0);
+}
+
+TEST_CASE("demo: the no-optimizer run drops every gradient inside backward, and only while it lives") {
+  torch::manual_seed(3);
+  auto a = torch::randn({4, 3}).requires_grad_();
+  auto b = torch::randn({3}).requires_grad_();
+  {
+    moe_lm::GradientDropper dropper({a, b});
+    (a.matmul(b).sum() + b.sum()).backward();
+    DOCTEST_CHECK_FALSE(a.grad().defined());
+    DOCTEST_CHECK_FALSE(b.grad().defined());
+  }
+  (a.matmul(b).sum()).backward();
+  DOCTEST_CHECK(a.grad().defined());
+  DOCTEST_CHECK(b.grad().defined());
 }
 
 }  // namespace test_demo_report
