@@ -765,6 +765,7 @@ class Optimizer : public ::torch::optim::Optimizer {
       throw;
     }
     core_->clear_grad(p.id);
+    if (device_.is_cpu()) grad_copies_.clear();  // done with: the host step has run
     p.tensor.unsafeGetTensorImpl()->bump_version();
     p.tensor.mutable_grad().reset();  // freed (a device step holds it through grad_copies_ or the stream)
   }
