@@ -186,9 +186,7 @@ int run_driver(const Settings& s, const std::vector<std::string>& passthrough) {
       available = moe_lm::available_memory_bytes();
       if (need.total() > available) {
         r.refused = true;
-        std::ostringstream planned;
-        planned << moe_lm::planned_state_bytes(plan, r.optimizer);
-        r.summary["state_bytes"] = planned.str();
+        r.summary["state_bytes"] = std::to_string(std::llround(moe_lm::planned_state_bytes(plan, r.optimizer)));
         std::cout << "[" << i + 1 << "/" << results.size() << " " << moe_lm::display_name(r.optimizer)
                   << "] refused: it needs " << moe_lm::gib_text(need.total()) << " GiB (weights "
                   << moe_lm::gib_text(need.weights) << ", gradients " << moe_lm::gib_text(need.grads) << ", state "

@@ -239,10 +239,10 @@ inline Evaluation evaluate(MoELM& model, const std::vector<Batch>& batches) {
 inline int run_worker(const Settings& s) {
   // glibc serves blocks above its mmap threshold from mmap and unmaps them
   // when freed, but raises the threshold to each such block freed (up to 32
-  // MiB), after which blocks that size stay in its heap once freed. On the
-  // paper's model (gradients of 32 MiB, activations of hundreds of MiB) that
-  // kept 2.8 GiB more at the peak (measured: 17.75 against 14.91 GiB without
-  // an optimizer). A fixed threshold of 1 MiB returns them.
+  // MiB), after which blocks below it stay in its heap once freed. On the
+  // paper's model that kept 2.8 GiB more at the peak (measured without an
+  // optimizer: 17.75 against 14.91 GiB). A fixed threshold of 1 MiB returns
+  // every block from 1 MiB up when it is freed.
   if (s.return_freed_memory) mallopt(M_MMAP_THRESHOLD, 1 << 20);
   at::set_num_threads(s.threads);
   std::ostringstream labelled;
