@@ -11,6 +11,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -65,17 +66,18 @@ inline const std::map<std::string, std::string> display_names{
 /// until step(). Such a run has no global gradient-norm clipping: the norm of
 /// every gradient is known only after the last of them has been consumed
 /// (SkewAdam's per-tensor update clip still applies).
+inline constexpr std::string_view in_backward_suffix = "-in-backward";
 inline bool in_backward(const std::string& optimizer) {
-  constexpr std::size_t n = 12;  // "-in-backward"
+  const std::size_t n = in_backward_suffix.size();
   return optimizer == "no-optimizer" ||
-         (optimizer.size() > n && optimizer.compare(optimizer.size() - n, n, "-in-backward") == 0);
+         (optimizer.size() > n && optimizer.compare(optimizer.size() - n, n, in_backward_suffix) == 0);
 }
 
 /// The optimizer whose rule and state a run uses ("skewadam" for
 /// "skewadam-in-backward"); "no-optimizer" keeps none.
 inline std::string rule_of(const std::string& optimizer) {
   if (optimizer == "no-optimizer") return optimizer;
-  return in_backward(optimizer) ? optimizer.substr(0, optimizer.size() - 12) : optimizer;
+  return in_backward(optimizer) ? optimizer.substr(0, optimizer.size() - in_backward_suffix.size()) : optimizer;
 }
 
 /// Whether the demo knows this optimizer: one of display_names, or a library
@@ -316,7 +318,7 @@ inline bool parse(int argc, char** argv, Settings& s) {
   if (s.optimizers.empty()) throw std::invalid_argument("--optimizers: empty list");
   if (in_backward_all)
     for (auto& o : s.optimizers)
-      if (!in_backward(o) && known_optimizer(o + "-in-backward")) o += "-in-backward";
+      if (!in_backward(o) && known_optimizer(o + std::string(in_backward_suffix))) o += in_backward_suffix;
   for (const auto& o : s.optimizers)
     if (!known_optimizer(o)) throw std::invalid_argument("--optimizers: unknown optimizer '" + o + "'");
   if (s.threads == 0) {  // the cores this process may run on
