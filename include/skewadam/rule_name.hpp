@@ -49,6 +49,11 @@ SKEWADAM_POLICY_NAME(RmsUpdateClip);
 SKEWADAM_POLICY_NAME(NoUpdateClip);
 SKEWADAM_POLICY_NAME(NearestRounding);
 #undef SKEWADAM_POLICY_NAME
+/// Named with its block size.
+template <>
+struct policy_name<Int8BlockMomentum> {
+  static constexpr std::string_view value = "Int8BlockMomentum256";
+};
 /// Named for its random stream: 16 bits per element, eight elements per
 /// Philox block (random.hpp). Checkpoints of earlier versions name the
 /// policy StochasticRounding (32 bits per element, four per block); see

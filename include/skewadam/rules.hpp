@@ -6,6 +6,7 @@
 #include "policies/exact_second_moment.hpp"
 #include "policies/factored_second_moment.hpp"
 #include "policies/full_momentum.hpp"
+#include "policies/int8_block_momentum.hpp"
 #include "policies/nearest_rounding.hpp"
 #include "policies/no_momentum.hpp"
 #include "policies/no_update_clip.hpp"
@@ -23,6 +24,9 @@ using RouterRule = UpdateRule<NoMomentum, ExactSecondMoment>;         ///< exact
 using UniformRule = UpdateRule<FullMomentum, FactoredSecondMoment>;    ///< momentum + factored
 using AdafactorRule = UpdateRule<NoMomentum, FactoredSecondMoment>;    ///< no momentum, factored
 using ExactMomentumRule = UpdateRule<FullMomentum, ExactSecondMoment>; ///< momentum + exact
+
+/// The backbone's rule with its momentum in 8 bits, a scale per 256 elements.
+using Backbone8bitRule = BackboneRule::with_momentum<Int8BlockMomentum>;
 
 /// AdamW from the same parts: eps added to sqrt(v), no update clipping.
 using AdamWRule = UpdateRule<FullMomentum, AdamSecondMoment, NoUpdateClip>;

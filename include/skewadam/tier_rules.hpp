@@ -27,6 +27,9 @@ struct TierRules {
 
 /// SkewAdam as in the paper.
 using SkewAdamTiers = TierRules<BackboneRule, ExpertRule, RouterRule>;
+/// SkewAdam with the backbone's momentum in 8 bits (an fp32 scale per block
+/// of 256): about a quarter of its momentum's bytes.
+using SkewAdam8bitTiers = TierRules<Backbone8bitRule, ExpertRule, RouterRule>;
 /// Ablation: the experts also keep momentum.
 using ExpertMomentumTiers = TierRules<BackboneRule, UniformRule, RouterRule>;
 /// Ablation: the router's second moment is factored.

@@ -17,6 +17,7 @@
 #include "config.hpp"
 #include "state_layout.hpp"
 #include "step_scalars.hpp"
+#include "policies/int8_block_momentum.hpp"
 #include "policies/no_update_clip.hpp"
 #include "policies/rms_update_clip.hpp"
 #include "policies/stochastic_rounding.hpp"
@@ -86,7 +87,7 @@ struct UpdateRule {
   using rounding = Rounding;
 
   /// The state this rule keeps; state_bytes(layout, shape) is its size.
-  static constexpr StateLayout layout{Momentum::has_state, SecondMoment::factored};
+  static constexpr StateLayout layout{Momentum::has_state, SecondMoment::factored, momentum_storage_v<Momentum>};
 
   /// The same rule with one slot replaced.
   template <class M>

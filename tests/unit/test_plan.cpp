@@ -172,6 +172,12 @@ TEST_CASE("preset paper-6.78b: the paper's figures") {
   CHECK(p.state_bytes.adamw == 54'274'621'440);
   CHECK(p.state_bytes.one_buffer == 27'137'310'720);
   CHECK(p.state_bytes.uniform == 27'150'620'672);
+  // 8-bit backbone momentum: numel codes + an fp32 scale per 256 elements
+  // (every backbone matrix's size is a multiple of 256) instead of 4 numel
+  CHECK(p.state_bytes.skewadam_8bit ==
+        p.state_bytes.skewadam - 4 * p.tiers.backbone.params + p.tiers.backbone.params + p.tiers.backbone.params / 64);
+  CHECK(p.state_bytes.skewadam_8bit == 362'076'288);
+  CHECK(format_bytes(p.state_bytes.skewadam_8bit) == "362.1 MB");  // 0.34 GiB
 
   // As the paper prints them.
   CHECK(format_millions(p.total_params) == "6,784.33 M");
@@ -247,9 +253,10 @@ TEST_CASE("report: JSON keys are exactly the documented ones, all integers") {
     policies.insert(k);
     CHECK(v.is_number_integer());
   }
-  CHECK(policies == std::set<std::string>{"skewadam", "adamw", "adafactor", "uniform", "expert_momentum",
+  CHECK(policies == std::set<std::string>{"skewadam", "skewadam_8bit", "adamw", "adafactor", "uniform", "expert_momentum",
                                           "factored_router", "one_buffer"});
   CHECK(j["state_bytes"]["skewadam"] == p.state_bytes.skewadam);
+  CHECK(j["state_bytes"]["skewadam_8bit"] == p.state_bytes.skewadam_8bit);
   CHECK(j["state_bytes"]["one_buffer"] == 464);
 }
 

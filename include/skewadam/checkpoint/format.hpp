@@ -246,7 +246,10 @@ inline constexpr std::string_view values_array = "param";
 inline std::vector<CheckpointInfo::Array> state_arrays(StateLayout layout, const Shape& shape) {
   std::vector<CheckpointInfo::Array> a;
   if (shape.numel() == 0) return a;
-  if (layout.momentum) a.push_back({"m", Dtype::f32, shape});
+  if (layout.momentum && layout.storage == MomentumStorage::int8_blocks)  // codes and scales, packed in words
+    a.push_back({"m", Dtype::f32, Shape{momentum_words(layout, shape.matrices())}});
+  else if (layout.momentum)
+    a.push_back({"m", Dtype::f32, shape});
   if (factors(layout, shape)) {
     std::array<index_t, max_rank> d{};
     std::copy(shape.begin(), shape.end(), d.begin());
@@ -287,7 +290,8 @@ inline std::vector<unsigned char> encode_optimizer(const CheckpointInfo& c, std:
   e.u32(static_cast<std::uint32_t>(tier_count));
   for (const auto& t : c.tiers) {
     e.str(t.name);
-    e.u8(t.layout.momentum ? 1 : 0);
+    // 0: no momentum, 1: fp32, 2: int8 codes with a scale per block
+    e.u8(!t.layout.momentum ? 0 : t.layout.storage == MomentumStorage::int8_blocks ? 2 : 1);
     e.u8(t.layout.factored ? 1 : 0);
     e.str(t.rule);
     const Hyperparameters& h = t.hyperparameters;
@@ -325,8 +329,8 @@ inline std::uint64_t decode_optimizer(const std::vector<unsigned char>& payload,
                                std::string(tier_name(t)) + "'");
     const unsigned mom = d.u8();
     const unsigned fac = d.u8();
-    if (mom > 1 || fac > 1) throw corrupt(where, "tier '" + ti.name + "': malformed state layout");
-    ti.layout = StateLayout{mom == 1, fac == 1};
+    if (mom > 2 || fac > 1) throw corrupt(where, "tier '" + ti.name + "': malformed state layout");
+    ti.layout = StateLayout{mom >= 1, fac == 1, mom == 2 ? MomentumStorage::int8_blocks : MomentumStorage::f32};
     ti.rule = d.str();
     Hyperparameters& h = ti.hyperparameters;
     h.lr = d.f64();

@@ -48,6 +48,14 @@ inline FullSizes full_sizes(const TensorSplit& split, bool momentum) {
   return s;
 }
 
+/// The same, for a rule whose state layout is `layout` (m in its storage's
+/// words).
+inline FullSizes full_sizes(const TensorSplit& split, StateLayout layout) {
+  FullSizes s = full_sizes(split, layout.momentum);
+  if (s.m != 0) s.m = static_cast<std::size_t>(momentum_words(layout, split.geom));
+  return s;
+}
+
 /// Whether a tensor keeps array a.
 inline bool shard_keeps(const TensorSplit& split, bool momentum, ShardArray a) noexcept {
   switch (a) {

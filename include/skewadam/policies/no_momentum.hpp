@@ -6,14 +6,19 @@
 // State: none (0 bytes). Used by the paper's expert and router tiers.
 //
 // Every momentum policy provides what this one does:
-//   has_state                      whether an fp32 buffer m of the parameter's
-//                                  shape is kept
+//   has_state                      whether a first moment m is kept (fp32 of
+//                                  the parameter's shape, unless `storage`
+//                                  says otherwise)
 //   update(m, g, s) -> m'          the new first moment (identity here)
 //   numerator(g, m', s) -> u       the update before division by the
 //                                  second-moment denominator
 //   numerator_reads_grad           whether numerator() needs g (a backend then
 //                                  re-reads the gradient in the apply pass,
 //                                  otherwise it reads m')
+//   storage (optional)             how m is stored (MomentumStorage,
+//                                  state_layout.hpp): fp32 when absent;
+//                                  int8_blocks adds scale(), inverse(),
+//                                  code() and value() (int8_block_momentum.hpp)
 
 #include "../config.hpp"
 #include "../step_scalars.hpp"

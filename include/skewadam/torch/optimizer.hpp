@@ -326,6 +326,10 @@ inline GradView grad_view(const at::Tensor& g, Dtype d, const Shape& s) {
 /// A float tensor viewing `span` (no copy) on `device`, or an undefined tensor.
 inline at::Tensor view_of(std::span<const float> span, std::vector<std::int64_t> sizes, at::Device device) {
   if (span.empty()) return {};
+  std::int64_t n = 1;
+  for (std::int64_t d : sizes) n *= d;
+  // an array stored in words of its own (Int8BlockMomentum's m) is viewed flat
+  if (n != static_cast<std::int64_t>(span.size())) sizes = {static_cast<std::int64_t>(span.size())};
   return at::from_blob(const_cast<float*>(span.data()), sizes, at::TensorOptions().dtype(at::kFloat).device(device));
 }
 

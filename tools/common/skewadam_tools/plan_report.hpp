@@ -9,7 +9,7 @@
 //
 //   {"total_params", "weights_bytes",
 //    "tiers": {"backbone"|"experts"|"router": {"params", "state_bytes"}},
-//    "state_bytes": {"skewadam", "adamw", "adafactor", "uniform",
+//    "state_bytes": {"skewadam", "skewadam_8bit", "adamw", "adafactor", "uniform",
 //                    "expert_momentum", "factored_router", "one_buffer"}}
 
 #include <nlohmann/json.hpp>
@@ -71,7 +71,8 @@ inline std::string format_share(index_t part, index_t whole) {
 }
 
 inline std::string describe_layout(StateLayout l) {
-  return std::string(l.momentum ? "fp32 momentum + " : "") + (l.factored ? "factored" : "exact");
+  const char* momentum = !l.momentum ? "" : l.storage == MomentumStorage::int8_blocks ? "8-bit momentum + " : "fp32 momentum + ";
+  return std::string(momentum) + (l.factored ? "factored" : "exact");
 }
 
 /// The --json object.
@@ -87,6 +88,7 @@ inline nlohmann::ordered_json plan_json(const Plan& plan) {
   j["tiers"] = tiers;
   const PolicyStateBytes& s = plan.state_bytes;
   j["state_bytes"] = {{"skewadam", s.skewadam},
+                      {"skewadam_8bit", s.skewadam_8bit},
                       {"adamw", s.adamw},
                       {"adafactor", s.adafactor},
                       {"uniform", s.uniform},
@@ -143,6 +145,7 @@ inline std::string plan_table(const Plan& plan, std::string_view model,
   };
   const Row rows[] = {
       {"SkewAdam", s.skewadam},
+      {"SkewAdam, 8-bit momentum", s.skewadam_8bit},
       {"  ablation: experts with momentum", s.expert_momentum},
       {"  ablation: factored router", s.factored_router},
       {"  ablation: uniform (momentum + factored)", s.uniform},

@@ -35,6 +35,7 @@
 #include <array>
 #include <atomic>
 #include <limits>
+#include <numeric>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -159,7 +160,17 @@ class CpuBackend {
       e.factored = p.factored;
       e.limit = gradient_limit(MatrixGeometry{1, p.full_rows, p.geom.cols}, p.factored);
     }
-    if (reg.layout.momentum) e.state.m.assign(static_cast<std::size_t>(elems), 0.0f);
+    const bool blocked = reg.layout.momentum && reg.layout.storage == MomentumStorage::int8_blocks;
+    if (blocked && (specs.size() > 1 || (!specs.empty() && (specs.front().cut || specs.front().first != 0))))
+      throw std::invalid_argument("parameter " + std::to_string(reg.index) +
+                                  ": momentum stored in blocks needs the whole tensor in one piece; the placement "
+                                  "cuts it");
+    if (blocked) {
+      const MatrixGeometry g = specs.empty() ? MatrixGeometry{} : specs.front().geom;
+      e.state.m.assign(static_cast<std::size_t>(momentum_words(reg.layout, g)), 0.0f);
+    } else if (reg.layout.momentum) {
+      e.state.m.assign(static_cast<std::size_t>(elems), 0.0f);
+    }
     if (e.factored) {
       e.state.v_row.assign(static_cast<std::size_t>(rows), 0.0f);
       e.state.v_col.assign(static_cast<std::size_t>(cols), 0.0f);
@@ -189,6 +200,7 @@ class CpuBackend {
         row_at += spec.geom.batch * spec.geom.rows;
         col_at += spec.geom.batch * spec.geom.cols;
         t.row_blocks = Cutting::row_blocks(spec.geom);
+        if (blocked) t.row_align = momentum_block / std::gcd(spec.geom.cols, momentum_block);
         p.col_partial.assign(static_cast<std::size_t>(Cutting::partial_floats(spec.geom, spec.cut)), 0.0f);
         p.d_partial.assign(p.col_partial.size(), 0.0f);
       } else {

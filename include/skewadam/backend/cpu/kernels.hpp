@@ -58,10 +58,18 @@
 // sums and D_j of the block are folded into double arrays (the thread's
 // Scratch::d); a unit's partials are rounded to fp32 once, at its end.
 //
+// Momentum stored in blocks (Int8BlockMomentum): a block's codes need the
+// largest |m'| of the block, so m is updated a block at a time, just before
+// the first row of the block is read (update_momentum_blocks), and every later
+// read decodes the stored codes. Units never split a block (TensorTask::
+// row_align; element chunks are multiples of the block).
+//
 // Determinism: the work is cut by shape (backend/cpu/work.hpp); per-unit partials
 // are combined in unit order, so the bits do not depend on thread count.
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
@@ -89,6 +97,13 @@ struct Kernels {
     return &t;
   }
 
+  /// m is stored in blocks of momentum_block elements with a scale each
+  /// (Int8BlockMomentum): updated a block at a time (update_momentum_blocks),
+  /// read decoded (momentum_at).
+  static constexpr bool blocked = M::has_state && momentum_storage_v<M> == MomentumStorage::int8_blocks;
+  static_assert(!M::has_state || blocked || momentum_storage_v<M> == MomentumStorage::f32,
+                "skewadam CPU backend: unknown momentum storage");
+
   /// What the loops read, copied out of the task (see the file comment).
   struct Ctx {
     StepScalars s;
@@ -99,9 +114,23 @@ struct Kernels {
     index_t rows;
     index_t cols;
     index_t element_base;
+    // blocked momentum: codes, scales, elements and blocks per matrix
+    std::int8_t* mq = nullptr;
+    float* ms = nullptr;
+    index_t mat = 0;
+    index_t blocks = 0;
+    bool one_matrix = true;
     explicit Ctx(const TensorTask& t)
         : s(t.scalars), g(static_cast<const G*>(t.grad)), p(static_cast<P*>(t.param)), m(t.m), v(t.v),
-          rows(t.geom.rows), cols(t.geom.cols), element_base(t.element_base) {}
+          rows(t.geom.rows), cols(t.geom.cols), element_base(t.element_base) {
+      if constexpr (blocked) {
+        mq = reinterpret_cast<std::int8_t*>(t.m);
+        ms = t.m + (t.geom.numel() + 3) / 4;
+        mat = t.geom.matrix_size();
+        blocks = (mat + momentum_block - 1) / momentum_block;
+        one_matrix = t.geom.batch == 1;
+      }
+    }
   };
 
   // ----------------------------------------------------------- element access
@@ -110,14 +139,69 @@ struct Kernels {
     return load_as<W>(x.g + off) * vmath::splat<W>(x.s.grad_scale);
   }
 
+  /// The stored momentum at `off`, as fp32 lanes.
+  template <class W>
+  static SKEWADAM_ALWAYS_INLINE W momentum_at(const Ctx& x, index_t off) {
+    if constexpr (!blocked) {
+      return load_as<W>(x.m + off);
+    } else {
+      const index_t b = x.one_matrix ? 0 : off / x.mat;
+      const index_t within = off - b * x.mat;
+      const float* sc = x.ms + b * x.blocks;
+      if constexpr (std::is_same_v<W, float>) {
+        return M::value(x.mq[off], sc[within / momentum_block]);
+      } else {
+        constexpr index_t w = width_v<W>;
+        alignas(64) float buf[w];
+        if (within % momentum_block + w <= momentum_block) {
+          const float scale = sc[within / momentum_block];
+          for (index_t l = 0; l < w; ++l) buf[l] = M::value(x.mq[off + l], scale);
+        } else {  // the lanes span two blocks
+          for (index_t l = 0; l < w; ++l) buf[l] = M::value(x.mq[off + l], sc[(within + l) / momentum_block]);
+        }
+        return W::load_aligned(buf);
+      }
+    }
+  }
+
   /// Numerator from the gradient and the already-updated momentum.
   template <class W>
   static SKEWADAM_ALWAYS_INLINE W numerator_at(const Ctx& x, index_t off) {
     W g = vmath::splat<W>(0.0f);
     W m = vmath::splat<W>(0.0f);
     if constexpr (M::numerator_reads_grad) g = grad_at<W>(x, off);
-    if constexpr (M::has_state) m = load_as<W>(x.m + off);
+    if constexpr (M::has_state) m = momentum_at<W>(x, off);
     return M::numerator(g, m, x.s);
+  }
+
+  /// Blocked momentum: the update of every block of matrix b that starts in
+  /// [lo, hi) (offsets in the matrix), each whole: m' of its elements, its
+  /// largest |m'|, then its codes and scale (policies/int8_block_momentum.hpp).
+  /// `rng` is the momentum's stream (momentum_key).
+  static void update_momentum_blocks(const Ctx& x, index_t b, index_t lo, index_t hi, RandomStream& rng) {
+    if constexpr (blocked) {
+      constexpr index_t n_max = momentum_block;
+      const index_t base = b * x.mat;
+      for (index_t k = (lo + n_max - 1) / n_max; k * n_max < hi; ++k) {
+        const index_t start = k * n_max;
+        const index_t n = std::min(n_max, x.mat - start);
+        const index_t off = base + start;
+        alignas(64) float buf[n_max];
+        for_lanes<V>(0, n, [&]<class W>(index_t j) {
+          store_f32(buf + j, M::update(momentum_at<W>(x, off + j), grad_at<W>(x, off + j), x.s));
+        });
+        float amax = 0.0f;
+        for (index_t j = 0; j < n; ++j) {
+          const float a = std::fabs(buf[j]);
+          amax = a > amax ? a : amax;
+        }
+        const float inv = M::inverse(amax);
+        for (index_t j = 0; j < n; ++j) x.mq[off + j] = M::code(buf[j], inv, rng(x.element_base + off + j));
+        x.ms[b * x.blocks + k] = M::scale(amax);
+      }
+    } else {
+      (void)x, (void)b, (void)lo, (void)hi, (void)rng;
+    }
   }
 
   /// p <- round(p * (1 - lr wd) - step), one rounding (extension E2);
@@ -161,11 +245,17 @@ struct Kernels {
     const Ctx x(t);
     const StepScalars& s = x.s;
     const index_t base = unit.matrix * t.geom.matrix_size();
+    if constexpr (blocked) {  // chunks hold whole blocks
+      RandomStream mrng(momentum_key(t.key));
+      update_momentum_blocks(x, unit.matrix, unit.begin, unit.end, mrng);
+    }
     // u and, without clipping, the update: the same per-element code
     const auto element = [&]<class W>(index_t off) {
       const W g = grad_at<W>(x, off);
       W m = vmath::splat<W>(0.0f);
-      if constexpr (M::has_state) {
+      if constexpr (blocked) {
+        m = momentum_at<W>(x, off);
+      } else if constexpr (M::has_state) {
         m = M::update(load_as<W>(x.m + off), g, s);
         store_f32(x.m + off, m);
       }
@@ -218,7 +308,7 @@ struct Kernels {
       const W g2 = g * g;
       acc[k].add(g2);
       cs = cs + g2;
-      if constexpr (M::has_state) store_f32(x.m + o, M::update(load_as<W>(x.m + o), g, x.s));
+      if constexpr (M::has_state && !blocked) store_f32(x.m + o, M::update(load_as<W>(x.m + o), g, x.s));
     }
     store_f32(colsum + j, cs);
   }
@@ -311,8 +401,13 @@ struct Kernels {
   /// sweep 2 of each group runs with the sweep 1 of the next (sweep_pair),
   /// and the block's last group's alone.
   static SKEWADAM_ALWAYS_INLINE void statistics_block(const TensorTask& t, const Ctx& x, index_t b, index_t i,
-                                                      index_t e, float* colsum, float* d) {
+                                                      index_t e, float* colsum, float* d, RandomStream& mrng) {
     constexpr int K = group_rows;
+    // blocked momentum: the blocks that start in rows [i0, i1), before
+    // anything reads those rows' m (a block may run on into later rows)
+    const auto momentum_rows = [&](index_t i0, index_t i1) {
+      if constexpr (blocked) update_momentum_blocks(x, b, i0 * x.cols, i1 * x.cols, mrng);
+    };
     if constexpr (C::active && width_v<V> > 1) {
       const index_t c = x.cols;
       const index_t base = b * x.rows;
@@ -320,6 +415,7 @@ struct Kernels {
       float inv_r[K];
       index_t pending = -1;  // the group whose sweep 2 is due
       for (; i + K <= e; i += K) {
+        momentum_rows(i, i + K);
         if (pending >= 0) sweep_pair<K>(x, (base + i) * c, colsum, sums, (base + pending) * c, inv_r, d);
         else group_sums<K>(x, (base + i) * c, colsum, sums);
         finish_rows<K>(t, x, b, i, sums, inv_r);
@@ -327,9 +423,15 @@ struct Kernels {
       }
       if (pending >= 0) group_d<K>(x, (base + pending) * c, inv_r, d);
     } else {
-      for (; i + K <= e; i += K) statistics_group<K>(t, x, b, i, colsum, d);
+      for (; i + K <= e; i += K) {
+        momentum_rows(i, i + K);
+        statistics_group<K>(t, x, b, i, colsum, d);
+      }
     }
-    for (; i < e; ++i) statistics_group<1>(t, x, b, i, colsum, d);
+    for (; i < e; ++i) {
+      momentum_rows(i, i + 1);
+      statistics_group<1>(t, x, b, i, colsum, d);
+    }
   }
 
   /// D_j += n_ij^2 * inv_r over the row at `off`.
@@ -372,8 +474,9 @@ struct Kernels {
     std::fill(colsum, colsum + c, 0.0f);
     std::fill(d, d + c, 0.0f);
     std::fill(wide, wide + 2 * c, 0.0);
+    RandomStream mrng(momentum_key(t.key));
     for (index_t i = r0; i < r1; i += sum_block) {
-      statistics_block(t, x, b, i, std::min(r1, i + sum_block), colsum, d);
+      statistics_block(t, x, b, i, std::min(r1, i + sum_block), colsum, d, mrng);
       fold_columns(colsum, wide, c);
       if constexpr (C::active) fold_columns(d, wide + c, c);
     }
@@ -440,8 +543,8 @@ struct Kernels {
       double floored_sum = 0;
       bool inverted = false;
       for (index_t k = 0; k < nb; ++k) {
-        const index_t i0 = r * k / nb;
-        const index_t i1 = r * (k + 1) / nb;
+        const index_t i0 = row_block_start(r, k, nb, t.row_align);
+        const index_t i1 = row_block_start(r, k + 1, nb, t.row_align);
         bool any = false;
         for (index_t i = i0; i < i1 && !any; ++i) any = rs[i] > 0.0f && S::row_floored(rs[i], vbar, s);
         if (!any) continue;

@@ -60,7 +60,19 @@ struct TensorTask {
   bool cut = false;
   index_t full_rows = 0;
   float grad_limit = 0;  ///< the non-finite policy's limit (gradient_check.hpp)
+  /// Row blocks start at multiples of this many rows: 1, or, for momentum
+  /// stored in blocks (MomentumStorage::int8_blocks), the least count of
+  /// rows whose elements fill whole blocks, so that no block is split
+  /// between units.
+  index_t row_align = 1;
 };
+
+/// First row of row block k of nb over r rows, rounded down to a multiple of
+/// `align` (block nb starts at r).
+constexpr index_t row_block_start(index_t r, index_t k, index_t nb, index_t align) noexcept {
+  if (k >= nb) return r;
+  return r * k / nb / align * align;
+}
 
 /// One piece of work. Factored: rows [begin, end) of matrix `matrix`, block
 /// `block`. Element-wise: elements [begin, end) of matrix `matrix`, chunk
@@ -150,7 +162,8 @@ inline void append_units(const TensorTask& task, std::int32_t task_index, std::v
     const index_t nb = task.row_blocks;
     for (index_t b = 0; b < g.batch; ++b)
       for (index_t k = 0; k < nb; ++k)
-        units.push_back(Unit{task_index, b, g.rows * k / nb, g.rows * (k + 1) / nb, k});
+        units.push_back(Unit{task_index, b, row_block_start(g.rows, k, nb, task.row_align),
+                             row_block_start(g.rows, k + 1, nb, task.row_align), k});
   } else {
     const index_t n = g.matrix_size();
     const index_t nc = task.chunks_per_matrix;

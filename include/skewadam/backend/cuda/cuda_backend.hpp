@@ -83,6 +83,9 @@ class CudaBackend {
   using kernels_type = const Passes*;
   template <class Rule, class P, class G>
   static kernels_type kernels() {
+    static_assert(momentum_storage_v<typename Rule::momentum> == MomentumStorage::f32,
+                  "skewadam CUDA backend: momentum stored in blocks (Int8BlockMomentum) has no CUDA kernels yet; "
+                  "step such a rule on the CPU backend");
     return cuda::passes_of<R, Rule, P, G>();
   }
 
