@@ -97,7 +97,6 @@ class Engine {
     t.tier = spec.tier;
     t.rank1 = spec.param.shape.rank() < 2;
     t.momentum = spec.layout.momentum;
-    t.layout = spec.layout;
     t.clips = visit_rule<Tiers>(t.tier, t.rank1, []<class Rule>() { return Rule::clip::active; });
     t.split = placement_.split(spec.tier, spec.param.shape, spec.layout);
     t.pieces = t.split.pieces(placement_.rank());
@@ -172,7 +171,7 @@ class Engine {
     }
   }
   void check_arrays(std::size_t i, const ParamState& got, const std::string& who) const {
-    const dist::FullSizes w = dist::full_sizes(tensors_[i].split, tensors_[i].layout);
+    const dist::FullSizes w = dist::full_sizes(tensors_[i].split, tensors_[i].momentum);
     detail::check_array_sizes({w.m, w.v, w.v_row, w.v_col}, got, who);
   }
   staged_type stage_begin() const { return backend_.stage_begin(); }
@@ -262,7 +261,6 @@ class Engine {
     Tier tier = Tier::backbone;
     bool rank1 = false;
     bool momentum = false;
-    StateLayout layout{};
     bool clips = false;  ///< its rule clips the update
     bool cut = false;    ///< factored and cut between processes
     dist::TensorSplit split;

@@ -10,6 +10,7 @@
 // Policies, as per-tier StateLayouts (backbone / experts / router):
 //
 //   skewadam          momentum+factored / factored        / exact     (the paper)
+//   skewadam_bf16     bf16 momentum+factored / factored   / exact     (Bf16Momentum)
 //   skewadam_8bit     8-bit momentum+factored / factored  / exact     (Int8BlockMomentum)
 //   expert_momentum   momentum+factored / momentum+factored / exact   (ablation)
 //   factored_router   momentum+factored / factored        / factored  (ablation)
@@ -68,6 +69,7 @@ struct TierLayouts {
 /// The paper's policy, its ablations and the baselines (see the top of this header).
 namespace tier_layouts {
 inline constexpr TierLayouts skewadam{layouts::backbone, layouts::experts, layouts::router};
+inline constexpr TierLayouts skewadam_bf16{layouts::backbone_bf16, layouts::experts, layouts::router};
 inline constexpr TierLayouts skewadam_8bit{layouts::backbone_8bit, layouts::experts, layouts::router};
 inline constexpr TierLayouts expert_momentum{layouts::backbone, layouts::backbone, layouts::router};
 inline constexpr TierLayouts factored_router{layouts::backbone, layouts::experts, layouts::experts};
@@ -165,6 +167,7 @@ struct PlanTiers {
 /// Total optimizer state bytes under each policy.
 struct PolicyStateBytes {
   index_t skewadam = 0;
+  index_t skewadam_bf16 = 0;  ///< the backbone's momentum in bf16 (SkewAdamBf16Tiers)
   index_t skewadam_8bit = 0;  ///< the backbone's momentum in 8 bits (SkewAdam8bitTiers)
   index_t adamw = 0;
   index_t adafactor = 0;
@@ -209,6 +212,7 @@ inline Plan make_plan(std::span<const TensorSpec> tensors, std::span<const Tier>
 
     PolicyStateBytes& s = p.state_bytes;
     add_state(s.skewadam, tier_layouts::skewadam, tier, t.shape);
+    add_state(s.skewadam_bf16, tier_layouts::skewadam_bf16, tier, t.shape);
     add_state(s.skewadam_8bit, tier_layouts::skewadam_8bit, tier, t.shape);
     add_state(s.adamw, tier_layouts::adamw, tier, t.shape);
     add_state(s.adafactor, tier_layouts::adafactor, tier, t.shape);

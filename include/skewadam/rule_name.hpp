@@ -48,6 +48,7 @@ SKEWADAM_POLICY_NAME(AdamSecondMoment);
 SKEWADAM_POLICY_NAME(RmsUpdateClip);
 SKEWADAM_POLICY_NAME(NoUpdateClip);
 SKEWADAM_POLICY_NAME(NearestRounding);
+SKEWADAM_POLICY_NAME(Bf16Momentum);
 #undef SKEWADAM_POLICY_NAME
 /// Named with its block size.
 template <>

@@ -6,6 +6,7 @@
 #include "policies/exact_second_moment.hpp"
 #include "policies/factored_second_moment.hpp"
 #include "policies/full_momentum.hpp"
+#include "policies/bf16_momentum.hpp"
 #include "policies/int8_block_momentum.hpp"
 #include "policies/nearest_rounding.hpp"
 #include "policies/no_momentum.hpp"
@@ -25,6 +26,8 @@ using UniformRule = UpdateRule<FullMomentum, FactoredSecondMoment>;    ///< mome
 using AdafactorRule = UpdateRule<NoMomentum, FactoredSecondMoment>;    ///< no momentum, factored
 using ExactMomentumRule = UpdateRule<FullMomentum, ExactSecondMoment>; ///< momentum + exact
 
+/// The backbone's rule with its momentum in bf16, stochastically rounded.
+using BackboneBf16Rule = BackboneRule::with_momentum<Bf16Momentum>;
 /// The backbone's rule with its momentum in 8 bits, a scale per 256 elements.
 using Backbone8bitRule = BackboneRule::with_momentum<Int8BlockMomentum>;
 

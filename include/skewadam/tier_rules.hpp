@@ -27,6 +27,8 @@ struct TierRules {
 
 /// SkewAdam as in the paper.
 using SkewAdamTiers = TierRules<BackboneRule, ExpertRule, RouterRule>;
+/// SkewAdam with the backbone's momentum in bf16: half its momentum's bytes.
+using SkewAdamBf16Tiers = TierRules<BackboneBf16Rule, ExpertRule, RouterRule>;
 /// SkewAdam with the backbone's momentum in 8 bits (an fp32 scale per block
 /// of 256): about a quarter of its momentum's bytes.
 using SkewAdam8bitTiers = TierRules<Backbone8bitRule, ExpertRule, RouterRule>;

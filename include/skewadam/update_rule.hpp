@@ -17,7 +17,7 @@
 #include "config.hpp"
 #include "state_layout.hpp"
 #include "step_scalars.hpp"
-#include "policies/int8_block_momentum.hpp"
+#include "policies/stored_momentum.hpp"
 #include "policies/no_update_clip.hpp"
 #include "policies/rms_update_clip.hpp"
 #include "policies/stochastic_rounding.hpp"

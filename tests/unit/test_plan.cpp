@@ -178,6 +178,8 @@ TEST_CASE("preset paper-6.78b: the paper's figures") {
         p.state_bytes.skewadam - 4 * p.tiers.backbone.params + p.tiers.backbone.params + p.tiers.backbone.params / 64);
   CHECK(p.state_bytes.skewadam_8bit == 362'076'288);
   CHECK(format_bytes(p.state_bytes.skewadam_8bit) == "362.1 MB");  // 0.34 GiB
+  // bf16 backbone momentum: 2 bytes per element instead of 4
+  CHECK(p.state_bytes.skewadam_bf16 == p.state_bytes.skewadam - 2 * p.tiers.backbone.params);
 
   // As the paper prints them.
   CHECK(format_millions(p.total_params) == "6,784.33 M");
@@ -253,9 +255,10 @@ TEST_CASE("report: JSON keys are exactly the documented ones, all integers") {
     policies.insert(k);
     CHECK(v.is_number_integer());
   }
-  CHECK(policies == std::set<std::string>{"skewadam", "skewadam_8bit", "adamw", "adafactor", "uniform", "expert_momentum",
+  CHECK(policies == std::set<std::string>{"skewadam", "skewadam_bf16", "skewadam_8bit", "adamw", "adafactor", "uniform", "expert_momentum",
                                           "factored_router", "one_buffer"});
   CHECK(j["state_bytes"]["skewadam"] == p.state_bytes.skewadam);
+  CHECK(j["state_bytes"]["skewadam_bf16"] == p.state_bytes.skewadam_bf16);
   CHECK(j["state_bytes"]["skewadam_8bit"] == p.state_bytes.skewadam_8bit);
   CHECK(j["state_bytes"]["one_buffer"] == 464);
 }

@@ -64,10 +64,13 @@ TEST_CASE("optimizer state bytes equal the planner's for the same inventory") {
   check_variant<UniformAblation>(tier_layouts::uniform);
   check_variant<AdafactorLike>(tier_layouts::adafactor);
   check_variant<AdamW>(tier_layouts::adamw);
+  check_variant<Optimizer<SkewAdamBf16Tiers>>(tier_layouts::skewadam_bf16);
   check_variant<Optimizer<SkewAdam8bitTiers>>(tier_layouts::skewadam_8bit);
   const Plan plan = make_plan(inventory());
   CHECK(plan.state_bytes.skewadam_8bit == state_bytes_for(inventory(), TierAssigner{}, tier_layouts::skewadam_8bit));
-  CHECK(plan.state_bytes.skewadam_8bit < plan.state_bytes.skewadam);
+  CHECK(plan.state_bytes.skewadam_8bit < plan.state_bytes.skewadam_bf16);
+  CHECK(plan.state_bytes.skewadam_bf16 < plan.state_bytes.skewadam);
+  CHECK(plan.state_bytes.skewadam_bf16 == state_bytes_for(inventory(), TierAssigner{}, tier_layouts::skewadam_bf16));
   CHECK(plan.tiers.router.params == 8 * 32);
   CHECK(plan.tiers.experts.tensors == 3);
 }

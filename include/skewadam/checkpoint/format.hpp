@@ -246,7 +246,7 @@ inline constexpr std::string_view values_array = "param";
 inline std::vector<CheckpointInfo::Array> state_arrays(StateLayout layout, const Shape& shape) {
   std::vector<CheckpointInfo::Array> a;
   if (shape.numel() == 0) return a;
-  if (layout.momentum && layout.storage == MomentumStorage::int8_blocks)  // codes and scales, packed in words
+  if (layout.momentum && layout.storage != MomentumStorage::f32)  // its blocks' words, copied as they are
     a.push_back({"m", Dtype::f32, Shape{momentum_words(layout, shape.matrices())}});
   else if (layout.momentum)
     a.push_back({"m", Dtype::f32, shape});
@@ -283,6 +283,18 @@ inline bool same_arrays(const std::vector<CheckpointInfo::Array>& file, const st
   return true;
 }
 
+/// A tier's momentum as the OPTM record stores it: 0 none, 1 fp32, 2 int8
+/// codes with a scale per block, 3 bf16.
+inline std::uint8_t momentum_code(StateLayout layout) noexcept {
+  if (!layout.momentum) return 0;
+  switch (layout.storage) {
+    case MomentumStorage::int8_blocks: return 2;
+    case MomentumStorage::bf16: return 3;
+    case MomentumStorage::f32: break;
+  }
+  return 1;
+}
+
 inline std::vector<unsigned char> encode_optimizer(const CheckpointInfo& c, std::uint64_t nparams) {
   Encoder e;
   e.i64(c.steps);
@@ -290,8 +302,7 @@ inline std::vector<unsigned char> encode_optimizer(const CheckpointInfo& c, std:
   e.u32(static_cast<std::uint32_t>(tier_count));
   for (const auto& t : c.tiers) {
     e.str(t.name);
-    // 0: no momentum, 1: fp32, 2: int8 codes with a scale per block
-    e.u8(!t.layout.momentum ? 0 : t.layout.storage == MomentumStorage::int8_blocks ? 2 : 1);
+    e.u8(momentum_code(t.layout));
     e.u8(t.layout.factored ? 1 : 0);
     e.str(t.rule);
     const Hyperparameters& h = t.hyperparameters;
@@ -329,8 +340,11 @@ inline std::uint64_t decode_optimizer(const std::vector<unsigned char>& payload,
                                std::string(tier_name(t)) + "'");
     const unsigned mom = d.u8();
     const unsigned fac = d.u8();
-    if (mom > 2 || fac > 1) throw corrupt(where, "tier '" + ti.name + "': malformed state layout");
-    ti.layout = StateLayout{mom >= 1, fac == 1, mom == 2 ? MomentumStorage::int8_blocks : MomentumStorage::f32};
+    if (mom > 3 || fac > 1) throw corrupt(where, "tier '" + ti.name + "': malformed state layout");
+    ti.layout = StateLayout{mom >= 1, fac == 1,
+                            mom == 2   ? MomentumStorage::int8_blocks
+                            : mom == 3 ? MomentumStorage::bf16
+                                       : MomentumStorage::f32};
     ti.rule = d.str();
     Hyperparameters& h = ti.hyperparameters;
     h.lr = d.f64();

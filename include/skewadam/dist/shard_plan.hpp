@@ -22,8 +22,12 @@
 // A Piece is what one rank owns of one matrix: rows [begin, end) of matrix
 // `matrix` (factored rule) or its elements [begin, end) (element-wise rule).
 // Every rank computes every rank's pieces, so gathers need no index exchange.
+// Where the momentum is stored in blocks of 256 elements of a matrix
+// (state_layout.hpp), the cuts are moved down to the nearest block boundary
+// (TensorSplit::align), so that every piece holds whole blocks.
 
 #include <cstdint>
+#include <numeric>
 #include <vector>
 
 #include "../config.hpp"
@@ -55,6 +59,11 @@ struct TensorSplit {
   Split split = Split::rows;
   int owner = 0;          ///< Split::whole: the owning rank
   int ranks = 1;
+  /// How m is stored (f32 without momentum), and the rows (factored) or
+  /// elements (element-wise) a cut of a matrix must fall at a multiple of
+  /// (piece_alignment of the layout).
+  MomentumStorage storage = MomentumStorage::f32;
+  index_t align = 1;
 
   /// Rows (factored) or elements (element-wise) of one matrix.
   index_t extent() const noexcept { return factored ? geom.rows : geom.rows * geom.cols; }
@@ -62,6 +71,12 @@ struct TensorSplit {
   /// True when some matrix is cut between ranks (its statistics need a sum
   /// over ranks).
   bool cuts_matrices() const noexcept { return split == Split::rows && ranks > 1; }
+
+  /// Where rank k's rows or elements of each matrix begin (Split::rows).
+  index_t cut(index_t k) const noexcept {
+    if (k >= ranks) return extent();
+    return extent() * k / ranks / align * align;
+  }
 
   /// The pieces rank `rank` owns, in matrix order; empty ranges left out.
   std::vector<Piece> pieces(int rank) const {
@@ -73,7 +88,7 @@ struct TensorSplit {
     switch (split) {
       case Split::rows:
         for (index_t b = 0; b < geom.batch; ++b) {
-          const Piece p{b, ext * k / n, ext * (k + 1) / n};
+          const Piece p{b, cut(k), cut(k + 1)};
           if (p.size() > 0) out.push_back(p);
         }
         break;
@@ -94,7 +109,7 @@ struct TensorSplit {
     switch (split) {
       case Split::rows:
         for (int k = 0; k < ranks; ++k)
-          if (extent() * (k + 1) / ranks > extent() * k / ranks) return k;
+          if (cut(k + 1) > cut(k)) return k;
         return 0;
       case Split::matrices:
         for (int k = 0; k < ranks; ++k)
@@ -111,6 +126,14 @@ struct TensorSplit {
   }
   /// Elements of a piece.
   index_t elements(const Piece& p) const noexcept { return factored ? p.size() * geom.cols : p.size(); }
+  /// A piece as one matrix of its own (rows x cols, or 1 x elements).
+  MatrixGeometry piece_geometry(const Piece& p) const noexcept {
+    return factored ? MatrixGeometry{1, p.size(), geom.cols} : MatrixGeometry{1, 1, p.size()};
+  }
+  /// Where a piece's m begins among the tensor's words (state_layout.hpp).
+  index_t first_word(const Piece& p) const noexcept {
+    return momentum_word_at(storage, geom.matrix_size(), p.matrix, factored ? p.begin * geom.cols : p.begin);
+  }
 };
 
 /// The split of a tensor of `shape` in `tier` whose rule keeps `layout`, over
@@ -122,6 +145,9 @@ inline TensorSplit split_for(Tier tier, const Shape& shape, StateLayout layout, 
   s.geom = shape.matrices();
   s.factored = factors(layout, shape);
   s.ranks = ranks;
+  s.storage = layout.momentum ? layout.storage : MomentumStorage::f32;
+  const index_t a = piece_alignment(layout);
+  s.align = s.factored ? a / std::gcd(a, s.geom.cols > 0 ? s.geom.cols : a) : a;
   if (tier == Tier::experts && experts == ExpertSharding::experts) {
     if (s.geom.batch > 1) {
       s.split = Split::matrices;
@@ -139,7 +165,7 @@ inline index_t shard_state_bytes(const TensorSplit& s, StateLayout layout, int r
   index_t b = 0;
   for (const Piece& p : s.pieces(rank)) {
     const index_t n = s.elements(p);
-    if (layout.momentum) b += 4 * n;
+    b += 4 * momentum_words(layout, s.piece_geometry(p));
     b += s.factored ? 4 * (p.size() + s.geom.cols) : 4 * n;
   }
   return b;

@@ -8,9 +8,10 @@
 // the backend that steps the pieces.
 //
 // A rank stores its share with its pieces concatenated, in piece order: m and
-// v (and a parameter's own slice) element by element, v_row row by row, and
-// v_col as c values per piece (every rank owning rows of a matrix holds a
-// copy of its column statistics; the first owner's is the one gathered).
+// v (and a parameter's own slice) element by element (m stored in blocks:
+// block by block, state_layout.hpp), v_row row by row, and v_col as c values
+// per piece (every rank owning rows of a matrix holds a copy of its column
+// statistics; the first owner's is the one gathered).
 
 #include <cstddef>
 #include <cstring>
@@ -38,21 +39,13 @@ inline FullSizes full_sizes(const TensorSplit& split, bool momentum) {
   const MatrixGeometry& g = split.geom;
   const auto n = static_cast<std::size_t>(g.numel());
   if (n == 0) return s;
-  if (momentum) s.m = n;
+  if (momentum) s.m = static_cast<std::size_t>(momentum_words(StateLayout{true, false, split.storage}, g));
   if (split.factored) {
     s.v_row = static_cast<std::size_t>(g.batch * g.rows);
     s.v_col = static_cast<std::size_t>(g.batch * g.cols);
   } else {
     s.v = n;
   }
-  return s;
-}
-
-/// The same, for a rule whose state layout is `layout` (m in its storage's
-/// words).
-inline FullSizes full_sizes(const TensorSplit& split, StateLayout layout) {
-  FullSizes s = full_sizes(split, layout.momentum);
-  if (s.m != 0) s.m = static_cast<std::size_t>(momentum_words(layout, split.geom));
   return s;
 }
 
@@ -78,6 +71,9 @@ inline std::vector<std::pair<index_t, index_t>> shard_segments(const TensorSplit
   for (const Piece& p : split.pieces(rank)) {
     switch (a) {
       case ShardArray::m:
+        out.emplace_back(split.first_word(p), momentum_words(StateLayout{true, false, split.storage},
+                                                             split.piece_geometry(p)));
+        break;
       case ShardArray::v:
       case ShardArray::param: out.emplace_back(split.first_element(p), split.elements(p)); break;
       case ShardArray::v_row: out.emplace_back(p.matrix * g.rows + p.begin, p.size()); break;

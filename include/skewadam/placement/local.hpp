@@ -33,10 +33,8 @@ struct Local {
 
   /// The whole tensor, owned by this process.
   dist::TensorSplit split(Tier, const Shape& shape, StateLayout layout) const {
-    dist::TensorSplit s;
-    s.geom = shape.matrices();
-    s.factored = factors(layout, shape);
-    return s;
+    // one piece: every matrix whole
+    return dist::split_for(Tier::backbone, shape, layout, 1, dist::ExpertSharding::rows, 0);
   }
   void unsplit(const dist::TensorSplit&) noexcept {}
 

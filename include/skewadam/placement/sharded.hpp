@@ -78,11 +78,6 @@ class Sharded {
 
   /// How a tensor is dealt out (separately stored experts round-robin).
   TensorSplit split(Tier tier, const Shape& shape, StateLayout layout) {
-    if (layout.momentum && layout.storage != MomentumStorage::f32)
-      throw std::invalid_argument("Sharded placement: a tensor of shape " + shape.str() + " in tier '" +
-                                  std::string(tier_name(tier)) +
-                                  "': momentum stored in blocks (Int8BlockMomentum) is not sharded yet; use the "
-                                  "Local placement");
     TensorSplit s = split_for(tier, shape, layout, ranks(), shard_.experts, whole_experts_);
     if (s.split == Split::whole) ++whole_experts_;
     return s;

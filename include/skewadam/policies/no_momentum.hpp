@@ -8,7 +8,7 @@
 // Every momentum policy provides what this one does:
 //   has_state                      whether a first moment m is kept (fp32 of
 //                                  the parameter's shape, unless `storage`
-//                                  says otherwise)
+//                                  says otherwise: stored_momentum.hpp)
 //   update(m, g, s) -> m'          the new first moment (identity here)
 //   numerator(g, m', s) -> u       the update before division by the
 //                                  second-moment denominator
@@ -17,8 +17,8 @@
 //                                  otherwise it reads m')
 //   storage (optional)             how m is stored (MomentumStorage,
 //                                  state_layout.hpp): fp32 when absent;
-//                                  int8_blocks adds scale(), inverse(),
-//                                  code() and value() (int8_block_momentum.hpp)
+//                                  the other storages' hooks are in
+//                                  stored_momentum.hpp
 
 #include "../config.hpp"
 #include "../step_scalars.hpp"

@@ -9,7 +9,7 @@
 //
 //   {"total_params", "weights_bytes",
 //    "tiers": {"backbone"|"experts"|"router": {"params", "state_bytes"}},
-//    "state_bytes": {"skewadam", "skewadam_8bit", "adamw", "adafactor", "uniform",
+//    "state_bytes": {"skewadam", "skewadam_bf16", "skewadam_8bit", "adamw", "adafactor", "uniform",
 //                    "expert_momentum", "factored_router", "one_buffer"}}
 
 #include <nlohmann/json.hpp>
@@ -71,7 +71,10 @@ inline std::string format_share(index_t part, index_t whole) {
 }
 
 inline std::string describe_layout(StateLayout l) {
-  const char* momentum = !l.momentum ? "" : l.storage == MomentumStorage::int8_blocks ? "8-bit momentum + " : "fp32 momentum + ";
+  const char* momentum = !l.momentum                                   ? ""
+                         : l.storage == MomentumStorage::int8_blocks ? "8-bit momentum + "
+                         : l.storage == MomentumStorage::bf16        ? "bf16 momentum + "
+                                                                     : "fp32 momentum + ";
   return std::string(momentum) + (l.factored ? "factored" : "exact");
 }
 
@@ -88,6 +91,7 @@ inline nlohmann::ordered_json plan_json(const Plan& plan) {
   j["tiers"] = tiers;
   const PolicyStateBytes& s = plan.state_bytes;
   j["state_bytes"] = {{"skewadam", s.skewadam},
+                      {"skewadam_bf16", s.skewadam_bf16},
                       {"skewadam_8bit", s.skewadam_8bit},
                       {"adamw", s.adamw},
                       {"adafactor", s.adafactor},
@@ -145,6 +149,7 @@ inline std::string plan_table(const Plan& plan, std::string_view model,
   };
   const Row rows[] = {
       {"SkewAdam", s.skewadam},
+      {"SkewAdam, bf16 momentum", s.skewadam_bf16},
       {"SkewAdam, 8-bit momentum", s.skewadam_8bit},
       {"  ablation: experts with momentum", s.expert_momentum},
       {"  ablation: factored router", s.factored_router},

@@ -160,17 +160,11 @@ class CpuBackend {
       e.factored = p.factored;
       e.limit = gradient_limit(MatrixGeometry{1, p.full_rows, p.geom.cols}, p.factored);
     }
-    const bool blocked = reg.layout.momentum && reg.layout.storage == MomentumStorage::int8_blocks;
-    if (blocked && (specs.size() > 1 || (!specs.empty() && (specs.front().cut || specs.front().first != 0))))
-      throw std::invalid_argument("parameter " + std::to_string(reg.index) +
-                                  ": momentum stored in blocks needs the whole tensor in one piece; the placement "
-                                  "cuts it");
-    if (blocked) {
-      const MatrixGeometry g = specs.empty() ? MatrixGeometry{} : specs.front().geom;
-      e.state.m.assign(static_cast<std::size_t>(momentum_words(reg.layout, g)), 0.0f);
-    } else if (reg.layout.momentum) {
-      e.state.m.assign(static_cast<std::size_t>(elems), 0.0f);
-    }
+    // m: each piece's words (state_layout.hpp; the pieces hold whole blocks)
+    index_t words = 0;
+    for (const PieceSpec& p : specs) words += momentum_words(reg.layout, p.geom);
+    e.state.m.assign(static_cast<std::size_t>(words), 0.0f);
+    const bool stored = reg.layout.momentum && reg.layout.storage != MomentumStorage::f32;
     if (e.factored) {
       e.state.v_row.assign(static_cast<std::size_t>(rows), 0.0f);
       e.state.v_col.assign(static_cast<std::size_t>(cols), 0.0f);
@@ -180,7 +174,7 @@ class CpuBackend {
     // a tensor is restorable when its statistics pass writes only R and C
     e.restorable = e.factored && e.state.m.empty() && !specs.empty();
     if (e.restorable) e.backup.assign(e.state.v_row.size() + e.state.v_col.size(), 0.0f);
-    index_t elem_at = 0, row_at = 0, col_at = 0;
+    index_t elem_at = 0, row_at = 0, col_at = 0, m_at = 0;
     for (const PieceSpec& spec : specs) {
       Piece p;
       p.spec = spec;
@@ -192,15 +186,17 @@ class CpuBackend {
       t.full_rows = spec.full_rows;
       t.grad_limit = e.limit;
       p.elem_at = elem_at;
+      p.m_at = m_at;
       p.row_at = row_at;
       p.col_at = col_at;
       elem_at += spec.geom.numel();
+      m_at += momentum_words(reg.layout, spec.geom);
       const auto B = static_cast<std::size_t>(spec.geom.batch);
       if (spec.factored) {
         row_at += spec.geom.batch * spec.geom.rows;
         col_at += spec.geom.batch * spec.geom.cols;
         t.row_blocks = Cutting::row_blocks(spec.geom);
-        if (blocked) t.row_align = momentum_block / std::gcd(spec.geom.cols, momentum_block);
+        if (stored) t.row_align = momentum_block / std::gcd(spec.geom.cols, momentum_block);
         p.col_partial.assign(static_cast<std::size_t>(Cutting::partial_floats(spec.geom, spec.cut)), 0.0f);
         p.d_partial.assign(p.col_partial.size(), 0.0f);
       } else {
@@ -446,6 +442,7 @@ class CpuBackend {
     std::vector<double> unit_sum;
     std::vector<double> scan;  ///< per chunk: first offending offset, or -1
     index_t elem_at = 0, row_at = 0, col_at = 0;  ///< into the tensor's share
+    index_t m_at = 0;                             ///< its first word of m in the share
     index_t clip_at = 0;                          ///< its first matrix in clip_sums_ and divisors_
     index_t cut_at = -1;                          ///< its c + 1 values in cut_sums_ (cut)
   };
@@ -486,7 +483,7 @@ class CpuBackend {
     for (Piece& p : e.pieces) {
       TensorTask& t = p.task;
       auto at = [](std::vector<float>& v, index_t k) { return v.empty() ? nullptr : v.data() + k; };
-      t.m = at(e.state.m, p.elem_at);
+      t.m = at(e.state.m, p.m_at);
       t.v = at(e.state.v, p.elem_at);
       t.v_row = at(e.state.v_row, p.row_at);
       t.v_col = at(e.state.v_col, p.col_at);

@@ -58,11 +58,13 @@
 // sums and D_j of the block are folded into double arrays (the thread's
 // Scratch::d); a unit's partials are rounded to fp32 once, at its end.
 //
-// Momentum stored in blocks (Int8BlockMomentum): a block's codes need the
-// largest |m'| of the block, so m is updated a block at a time, just before
-// the first row of the block is read (update_momentum_blocks), and every later
-// read decodes the stored codes. Units never split a block (TensorTask::
-// row_align; element chunks are multiples of the block).
+// Momentum stored in fewer bits (Bf16Momentum, Int8BlockMomentum; the blocks
+// of state_layout.hpp): an int8 block's codes need the largest |m'| of the
+// block, so m is updated a block at a time, just before the first row of the
+// block is read (update_momentum_blocks: the block's gradient is then in
+// cache for the statistics), and every later read decodes the stored values.
+// Units never split a block (TensorTask::row_align; element chunks are
+// multiples of the block).
 //
 // Determinism: the work is cut by shape (backend/cpu/work.hpp); per-unit partials
 // are combined in unit order, so the bits do not depend on thread count.
@@ -97,12 +99,16 @@ struct Kernels {
     return &t;
   }
 
-  /// m is stored in blocks of momentum_block elements with a scale each
-  /// (Int8BlockMomentum): updated a block at a time (update_momentum_blocks),
-  /// read decoded (momentum_at).
-  static constexpr bool blocked = M::has_state && momentum_storage_v<M> == MomentumStorage::int8_blocks;
-  static_assert(!M::has_state || blocked || momentum_storage_v<M> == MomentumStorage::f32,
+  /// How m is stored; `stored`: in fewer bits, in blocks (see the file
+  /// comment), updated a block at a time (update_momentum_blocks) and read
+  /// decoded (momentum_at).
+  static constexpr MomentumStorage storage = M::has_state ? momentum_storage_v<M> : MomentumStorage::f32;
+  static constexpr bool stored = storage != MomentumStorage::f32;
+  static_assert(storage == MomentumStorage::f32 || storage == MomentumStorage::bf16 ||
+                    storage == MomentumStorage::int8_blocks,
                 "skewadam CPU backend: unknown momentum storage");
+  /// Words of a whole int8 block: its scale, then its codes.
+  static constexpr index_t int8_block_words = momentum_block_words(MomentumStorage::int8_blocks, momentum_block);
 
   /// What the loops read, copied out of the task (see the file comment).
   struct Ctx {
@@ -114,20 +120,16 @@ struct Kernels {
     index_t rows;
     index_t cols;
     index_t element_base;
-    // blocked momentum: codes, scales, elements and blocks per matrix
-    std::int8_t* mq = nullptr;
-    float* ms = nullptr;
+    // stored momentum: elements and words of m per matrix
     index_t mat = 0;
-    index_t blocks = 0;
+    index_t mwords = 0;
     bool one_matrix = true;
     explicit Ctx(const TensorTask& t)
         : s(t.scalars), g(static_cast<const G*>(t.grad)), p(static_cast<P*>(t.param)), m(t.m), v(t.v),
           rows(t.geom.rows), cols(t.geom.cols), element_base(t.element_base) {
-      if constexpr (blocked) {
-        mq = reinterpret_cast<std::int8_t*>(t.m);
-        ms = t.m + (t.geom.numel() + 3) / 4;
+      if constexpr (stored) {
         mat = t.geom.matrix_size();
-        blocks = (mat + momentum_block - 1) / momentum_block;
+        mwords = momentum_matrix_words(storage, mat);
         one_matrix = t.geom.batch == 1;
       }
     }
@@ -139,27 +141,48 @@ struct Kernels {
     return load_as<W>(x.g + off) * vmath::splat<W>(x.s.grad_scale);
   }
 
+  /// Stored momentum: the matrix of element `off` and its place in it.
+  static SKEWADAM_ALWAYS_INLINE void locate(const Ctx& x, index_t off, index_t& b, index_t& e) {
+    b = x.one_matrix ? 0 : off / x.mat;
+    e = off - b * x.mat;
+  }
+  /// The bf16 values of matrix b (Bf16Momentum: two to a word, no scale).
+  static SKEWADAM_ALWAYS_INLINE bf16* bf16_of(const Ctx& x, index_t b) {
+    return reinterpret_cast<bf16*>(x.m + b * x.mwords);
+  }
+  /// Int8BlockMomentum: block k of matrix b, its scale in word 0, its codes after.
+  static SKEWADAM_ALWAYS_INLINE float* int8_block(const Ctx& x, index_t b, index_t k) {
+    return x.m + b * x.mwords + k * int8_block_words;
+  }
+  static SKEWADAM_ALWAYS_INLINE std::int8_t* codes_of(float* block) { return reinterpret_cast<std::int8_t*>(block + 1); }
+
   /// The stored momentum at `off`, as fp32 lanes.
   template <class W>
   static SKEWADAM_ALWAYS_INLINE W momentum_at(const Ctx& x, index_t off) {
-    if constexpr (!blocked) {
+    if constexpr (!stored) {
       return load_as<W>(x.m + off);
     } else {
-      const index_t b = x.one_matrix ? 0 : off / x.mat;
-      const index_t within = off - b * x.mat;
-      const float* sc = x.ms + b * x.blocks;
-      if constexpr (std::is_same_v<W, float>) {
-        return M::value(x.mq[off], sc[within / momentum_block]);
+      index_t b, e;
+      locate(x, off, b, e);
+      if constexpr (storage == MomentumStorage::bf16) {
+        return load_as<W>(bf16_of(x, b) + e);
       } else {
-        constexpr index_t w = width_v<W>;
-        alignas(64) float buf[w];
-        if (within % momentum_block + w <= momentum_block) {
-          const float scale = sc[within / momentum_block];
-          for (index_t l = 0; l < w; ++l) buf[l] = M::value(x.mq[off + l], scale);
-        } else {  // the lanes span two blocks
-          for (index_t l = 0; l < w; ++l) buf[l] = M::value(x.mq[off + l], sc[(within + l) / momentum_block]);
+        const index_t k = e / momentum_block;
+        const index_t r = e - k * momentum_block;
+        float* blk = int8_block(x, b, k);
+        if constexpr (std::is_same_v<W, float>) {
+          return M::value(static_cast<float>(codes_of(blk)[r]), blk[0]);
+        } else {
+          constexpr index_t w = width_v<W>;
+          alignas(64) float buf[w];
+          if (r + w <= momentum_block) {
+            const std::int8_t* q = codes_of(blk) + r;
+            for (index_t l = 0; l < w; ++l) buf[l] = static_cast<float>(q[l]);
+            return M::value(W::load_aligned(buf), W(blk[0]));
+          }
+          for (index_t l = 0; l < w; ++l) buf[l] = momentum_at<float>(x, off + l);  // the lanes span two blocks
+          return W::load_aligned(buf);
         }
-        return W::load_aligned(buf);
       }
     }
   }
@@ -174,30 +197,73 @@ struct Kernels {
     return M::numerator(g, m, x.s);
   }
 
-  /// Blocked momentum: the update of every block of matrix b that starts in
-  /// [lo, hi) (offsets in the matrix), each whole: m' of its elements, its
-  /// largest |m'|, then its codes and scale (policies/int8_block_momentum.hpp).
+  /// 16 random bits per lane, as uniform values in [0, 1) (StoredMomentum::uniform).
+  template <class W>
+  static SKEWADAM_ALWAYS_INLINE W uniform_at(Rng& rng, index_t element) {
+    if constexpr (std::is_same_v<W, float>) {
+      return M::uniform(rng(element));
+    } else {
+      using I = xsimd::batch<std::int32_t, typename W::arch_type>;
+      const I bits = xsimd::bitwise_cast<I>(xsimd::batch<std::uint32_t, typename W::arch_type>::load_unaligned(
+                         rng.at(element, width_v<W>))) &
+                     I(0xffff);
+      return xsimd::to_float(bits) * W(0x1p-16f);
+    }
+  }
+
+  /// The largest |buf[j]| of j < n.
+  static SKEWADAM_ALWAYS_INLINE float max_abs(const float* buf, index_t n) {
+    float amax = 0.0f;
+    index_t j = 0;
+    if constexpr (width_v<V> > 1) {
+      V acc(0.0f);
+      for (; j + width_v<V> <= n; j += width_v<V>) acc = xsimd::max(acc, xsimd::abs(V::load_aligned(buf + j)));
+      alignas(64) float lanes[width_v<V>];
+      acc.store_aligned(lanes);
+      for (float a : lanes) amax = a > amax ? a : amax;
+    }
+    for (; j < n; ++j) {
+      const float a = std::fabs(buf[j]);
+      amax = a > amax ? a : amax;
+    }
+    return amax;
+  }
+
+  /// Stored momentum: the update of every block of matrix b that starts in
+  /// [lo, hi) (offsets in the matrix), each whole: m' of its elements, then
+  /// its stored values (policies/bf16_momentum.hpp, int8_block_momentum.hpp).
   /// `rng` is the momentum's stream (momentum_key).
-  static void update_momentum_blocks(const Ctx& x, index_t b, index_t lo, index_t hi, RandomStream& rng) {
-    if constexpr (blocked) {
+  static void update_momentum_blocks(const Ctx& x, index_t b, index_t lo, index_t hi, Rng& rng) {
+    if constexpr (stored) {
       constexpr index_t n_max = momentum_block;
       const index_t base = b * x.mat;
       for (index_t k = (lo + n_max - 1) / n_max; k * n_max < hi; ++k) {
         const index_t start = k * n_max;
         const index_t n = std::min(n_max, x.mat - start);
         const index_t off = base + start;
+        const index_t element = x.element_base + off;
         alignas(64) float buf[n_max];
         for_lanes<V>(0, n, [&]<class W>(index_t j) {
           store_f32(buf + j, M::update(momentum_at<W>(x, off + j), grad_at<W>(x, off + j), x.s));
         });
-        float amax = 0.0f;
-        for (index_t j = 0; j < n; ++j) {
-          const float a = std::fabs(buf[j]);
-          amax = a > amax ? a : amax;
+        if constexpr (storage == MomentumStorage::bf16) {
+          bf16* q = bf16_of(x, b) + start;
+          for_lanes<V>(0, n, [&]<class W>(index_t j) {
+            store_param<StochasticRounding>(q + j, load_as<W>(buf + j), element + j, rng);
+          });
+        } else {
+          const float amax = max_abs(buf, n);
+          const float inv = M::inverse(amax);
+          float* blk = int8_block(x, b, k);
+          std::int8_t* q = codes_of(blk);
+          for_lanes<V>(0, n, [&]<class W>(index_t j) {
+            const W c = M::code(load_as<W>(buf + j), vmath::splat<W>(inv), uniform_at<W>(rng, element + j));
+            alignas(64) float lanes[width_v<W>];
+            store_f32(lanes, c);
+            for (index_t l = 0; l < width_v<W>; ++l) q[j + l] = static_cast<std::int8_t>(lanes[l]);
+          });
+          blk[0] = M::scale(amax);
         }
-        const float inv = M::inverse(amax);
-        for (index_t j = 0; j < n; ++j) x.mq[off + j] = M::code(buf[j], inv, rng(x.element_base + off + j));
-        x.ms[b * x.blocks + k] = M::scale(amax);
       }
     } else {
       (void)x, (void)b, (void)lo, (void)hi, (void)rng;
@@ -245,15 +311,15 @@ struct Kernels {
     const Ctx x(t);
     const StepScalars& s = x.s;
     const index_t base = unit.matrix * t.geom.matrix_size();
-    if constexpr (blocked) {  // chunks hold whole blocks
-      RandomStream mrng(momentum_key(t.key));
+    if constexpr (stored) {  // chunks hold whole blocks
+      Rng mrng(momentum_key(t.key));
       update_momentum_blocks(x, unit.matrix, unit.begin, unit.end, mrng);
     }
     // u and, without clipping, the update: the same per-element code
     const auto element = [&]<class W>(index_t off) {
       const W g = grad_at<W>(x, off);
       W m = vmath::splat<W>(0.0f);
-      if constexpr (blocked) {
+      if constexpr (stored) {
         m = momentum_at<W>(x, off);
       } else if constexpr (M::has_state) {
         m = M::update(load_as<W>(x.m + off), g, s);
@@ -308,7 +374,7 @@ struct Kernels {
       const W g2 = g * g;
       acc[k].add(g2);
       cs = cs + g2;
-      if constexpr (M::has_state && !blocked) store_f32(x.m + o, M::update(load_as<W>(x.m + o), g, x.s));
+      if constexpr (M::has_state && !stored) store_f32(x.m + o, M::update(load_as<W>(x.m + o), g, x.s));
     }
     store_f32(colsum + j, cs);
   }
@@ -401,12 +467,12 @@ struct Kernels {
   /// sweep 2 of each group runs with the sweep 1 of the next (sweep_pair),
   /// and the block's last group's alone.
   static SKEWADAM_ALWAYS_INLINE void statistics_block(const TensorTask& t, const Ctx& x, index_t b, index_t i,
-                                                      index_t e, float* colsum, float* d, RandomStream& mrng) {
+                                                      index_t e, float* colsum, float* d, Rng& mrng) {
     constexpr int K = group_rows;
-    // blocked momentum: the blocks that start in rows [i0, i1), before
+    // stored momentum: the blocks that start in rows [i0, i1), before
     // anything reads those rows' m (a block may run on into later rows)
     const auto momentum_rows = [&](index_t i0, index_t i1) {
-      if constexpr (blocked) update_momentum_blocks(x, b, i0 * x.cols, i1 * x.cols, mrng);
+      if constexpr (stored) update_momentum_blocks(x, b, i0 * x.cols, i1 * x.cols, mrng);
     };
     if constexpr (C::active && width_v<V> > 1) {
       const index_t c = x.cols;
@@ -474,7 +540,7 @@ struct Kernels {
     std::fill(colsum, colsum + c, 0.0f);
     std::fill(d, d + c, 0.0f);
     std::fill(wide, wide + 2 * c, 0.0);
-    RandomStream mrng(momentum_key(t.key));
+    Rng mrng(momentum_key(t.key));
     for (index_t i = r0; i < r1; i += sum_block) {
       statistics_block(t, x, b, i, std::min(r1, i + sum_block), colsum, d, mrng);
       fold_columns(colsum, wide, c);

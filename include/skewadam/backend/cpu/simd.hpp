@@ -31,6 +31,11 @@ struct ops<xsimd::batch<float, A>> {
   static SKEWADAM_ALWAYS_INLINE B sqrt(const B& x) { return backend::cpu::ExactOps<A>::sqrt(x); }
   static SKEWADAM_ALWAYS_INLINE B floor_at(const B& x, const B& f) { return xsimd::select(x < f, f, x); }
   static SKEWADAM_ALWAYS_INLINE B broadcast(float x) { return B(x); }
+  static SKEWADAM_ALWAYS_INLINE B mul_rn(const B& a, const B& b) {
+    auto p = (a * b).data;
+    SKEWADAM_OPAQUE_FLOAT(p);
+    return B(p);
+  }
 };
 
 }  // namespace skewadam::vmath

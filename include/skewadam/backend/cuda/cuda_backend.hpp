@@ -83,9 +83,6 @@ class CudaBackend {
   using kernels_type = const Passes*;
   template <class Rule, class P, class G>
   static kernels_type kernels() {
-    static_assert(momentum_storage_v<typename Rule::momentum> == MomentumStorage::f32,
-                  "skewadam CUDA backend: momentum stored in blocks (Int8BlockMomentum) has no CUDA kernels yet; "
-                  "step such a rule on the CPU backend");
     return cuda::passes_of<R, Rule, P, G>();
   }
 
@@ -170,7 +167,7 @@ class CudaBackend {
     e.ops = kernels[0];
     e.whole = reg.param.shape.matrices();
     const auto index = static_cast<std::int32_t>(tensors_.size());
-    std::size_t elems = 0, rows = 0, cols = 0;
+    std::size_t elems = 0, rows = 0, cols = 0, words = 0;
     std::vector<cuda::ScratchSizes> sizes;
     cuda::ScratchSizes total;
     for (const PieceSpec& spec : specs) {
@@ -197,15 +194,16 @@ class CudaBackend {
       total.doubles += sz.doubles;
       total.counters += sz.counters;
       e.limit = gradient_limit(MatrixGeometry{1, spec.full_rows, spec.geom.cols}, spec.factored);
-      e.pieces.push_back(Piece{spec, d, elems, rows, cols});
+      e.pieces.push_back(Piece{spec, d, elems, rows, cols, words});
       elems += static_cast<std::size_t>(spec.geom.numel());
+      words += static_cast<std::size_t>(momentum_words(reg.layout, spec.geom));
       if (spec.factored) {
         rows += static_cast<std::size_t>(spec.geom.batch * spec.geom.rows);
         cols += static_cast<std::size_t>(spec.geom.batch * spec.geom.cols);
       }
     }
     if (!specs.empty()) {
-      if (reg.layout.momentum) Mem::zeroed(e.state.m, elems, stream_);
+      if (reg.layout.momentum) Mem::zeroed(e.state.m, words, stream_);  // state_layout.hpp
       if (specs.front().factored) {
         Mem::zeroed(e.state.v_row, rows, stream_);
         Mem::zeroed(e.state.v_col, cols, stream_);
@@ -530,6 +528,7 @@ class CudaBackend {
     PieceSpec spec;
     DeviceTask task;                  ///< its state and scratch (the tables add the step's pointers)
     std::size_t elem_at = 0, row_at = 0, col_at = 0;  ///< into the tensor's share
+    std::size_t m_at = 0;                             ///< its first word of m in the share
     index_t at = 0;                   ///< its index in the tables
   };
   struct Tensor {
@@ -582,7 +581,7 @@ class CudaBackend {
   static void point_state(Tensor& e) {
     for (Piece& p : e.pieces) {
       auto at = [](const Array<float>& a, std::size_t k) { return a.empty() ? nullptr : a.data() + k; };
-      p.task.m = at(e.state.m, p.elem_at);
+      p.task.m = at(e.state.m, p.m_at);
       p.task.v = at(e.state.v, p.elem_at);
       p.task.v_row = at(e.state.v_row, p.row_at);
       p.task.v_col = at(e.state.v_col, p.col_at);
@@ -638,6 +637,7 @@ class CudaBackend {
     for (kernels_type o : order) {
       cuda::GroupLists lists;
       lists.factored = o->factored;
+      lists.stored = o->stored;
       // every tensor of the group, held here or not: a matrix is cut as one
       // process holding every tensor cuts it
       for (std::size_t i = 0; i < tensors_.size(); ++i)

@@ -72,6 +72,13 @@
 // element-wise store and the factored apply take aligned groups of 8
 // elements per thread (the factored apply's as two quads).
 //
+// Momentum stored in fewer bits (Bf16Momentum, Int8BlockMomentum; the blocks
+// of state_layout.hpp) is updated by a pass of its own before the
+// statistics (momentum_kernel): a warp per block of 256 elements, 8 per
+// lane, the block's largest |m'| by a shuffle tree; the statistics and the
+// update then read the stored values, decoded. The gradient is read once
+// more for those tensors (the backbone's, 5 % of an MoE's parameters).
+//
 // Apart from nvcc, this header compiles with the host shim of
 // tools/common/skewadam_tools/cuda_emulation.hpp, which runs the kernels on
 // the host (the emulated runtime of the tests and skewadam-replay
@@ -102,6 +109,9 @@ inline constexpr int block_threads = 512;
 inline constexpr int block_warps = block_threads / 32;
 /// Elements per statistics block of an element-wise tensor.
 inline constexpr index_t chunk_elems = index_t{1} << 12;
+/// Elements per block of the stored momentum's pass: a block of momentum
+/// (momentum_block elements) per warp.
+inline constexpr index_t momentum_chunk_elems = momentum_block * block_warps;
 /// Target elements per row block of a factored matrix's statistics, and the
 /// most rows such a block takes: the finest cut of a matrix (a small group's
 /// matrices still give enough blocks).
@@ -324,16 +334,43 @@ struct Math {
   using C = typename Rule::clip;
   using R = typename Rule::rounding;
   static constexpr bool random = R::uses_random_bits && !std::is_same_v<P, float>;
+  /// How m is stored; `stored`: in fewer bits, in blocks (state_layout.hpp).
+  static constexpr MomentumStorage storage = M::has_state ? momentum_storage_v<M> : MomentumStorage::f32;
+  static constexpr bool stored = storage != MomentumStorage::f32;
+  static constexpr index_t int8_block_words = momentum_block_words(MomentumStorage::int8_blocks, momentum_block);
 
   static __device__ SKEWADAM_ALWAYS_INLINE float grad_at(const DeviceTask& t, const StepScalars& s, index_t o) {
     return to_float(static_cast<const G*>(t.grad)[o]) * s.grad_scale;
   }
-  /// Numerator from the gradient and the already-updated momentum.
-  static __device__ SKEWADAM_ALWAYS_INLINE float numerator_at(const DeviceTask& t, const StepScalars& s, index_t o) {
+  /// Stored momentum: the first word of matrix b's momentum.
+  static __device__ SKEWADAM_ALWAYS_INLINE float* momentum_of(const DeviceTask& t, index_t b) {
+    return t.m + b * momentum_matrix_words(storage, t.geom.matrix_size());
+  }
+  /// The momentum of element o (of matrix b), decoded.
+  static __device__ SKEWADAM_ALWAYS_INLINE float momentum_at(const DeviceTask& t, index_t b, index_t o) {
+    if constexpr (!stored) {
+      (void)b;
+      return t.m[o];
+    } else {
+      const index_t e = o - b * t.geom.matrix_size();
+      const float* w = momentum_of(t, b);
+      if constexpr (storage == MomentumStorage::bf16) {
+        return M::decode(reinterpret_cast<const bf16*>(w)[e]);
+      } else {
+        const float* blk = w + e / momentum_block * int8_block_words;
+        const auto q = reinterpret_cast<const std::int8_t*>(blk + 1)[e % momentum_block];
+        return M::value(static_cast<float>(q), blk[0]);
+      }
+    }
+  }
+  /// Numerator from the gradient and the already-updated momentum (element o
+  /// of matrix b).
+  static __device__ SKEWADAM_ALWAYS_INLINE float numerator_at(const DeviceTask& t, const StepScalars& s, index_t b,
+                                                              index_t o) {
     float g = 0.0f;
     float m = 0.0f;
     if constexpr (M::numerator_reads_grad) g = grad_at(t, s, o);
-    if constexpr (M::has_state) m = t.m[o];
+    if constexpr (M::has_state) m = momentum_at(t, b, o);
     return M::numerator(g, m, s);
   }
   /// Whether the matrix rows of t can be walked in aligned quads.
@@ -348,12 +385,16 @@ struct Math {
     for (int l = 0; l < 4; ++l) out.v[l] = to_float(g.v[l]) * s.grad_scale;
     return out;
   }
-  /// numerator_at for the 4 elements from o (o a multiple of 4, quads_ok).
+  /// numerator_at for the 4 elements from o of matrix b (o a multiple of 4,
+  /// quads_ok: stored momentum's 4 are in one block).
   static __device__ SKEWADAM_ALWAYS_INLINE detail::Quad<float> numerator_quad(const DeviceTask& t,
-                                                                              const StepScalars& s, index_t o) {
+                                                                              const StepScalars& s, index_t b,
+                                                                              index_t o) {
     detail::Quad<float> g{}, m{};
     if constexpr (M::numerator_reads_grad) g = grad_quad(t, s, o);
-    if constexpr (M::has_state) m = detail::load_quad(t.m + o);
+    if constexpr (M::has_state && !stored) m = detail::load_quad(t.m + o);
+    if constexpr (stored)
+      for (int l = 0; l < 4; ++l) m.v[l] = momentum_at(t, b, o + l);
     detail::Quad<float> n;
     for (int l = 0; l < 4; ++l) n.v[l] = M::numerator(g.v[l], m.v[l], s);
     return n;
@@ -435,7 +476,7 @@ struct Math {
           const float g2 = g * g;
           part[q] += g2;
           cs = cs + g2;
-          if constexpr (M::has_state) t.m[o] = M::update(t.m[o], g, s);
+          if constexpr (M::has_state && !stored) t.m[o] = M::update(t.m[o], g, s);
         }
         colp[j] += static_cast<double>(cs);
       }
@@ -448,7 +489,7 @@ struct Math {
       for (index_t j = threadIdx.x; j < c; j += blockDim.x) {
         float dj = 0.0f;
         for (int q = 0; q < K; ++q) {
-          const float n = numerator_at(t, s, off + q * c + j);
+          const float n = numerator_at(t, s, b, off + q * c + j);
           dj = dj + n * n * inv_r[q];
         }
         dp[j] += static_cast<double>(dj);
@@ -473,7 +514,7 @@ struct Math {
         detail::Quad<float> g[K];
         for (int q = 0; q < K; ++q) g[q] = grad_quad(t, s, off + q * c + j);
         [[maybe_unused]] detail::Quad<float> m[K];
-        if constexpr (M::has_state)
+        if constexpr (M::has_state && !stored)
           for (int q = 0; q < K; ++q) m[q] = detail::load_quad(t.m + off + q * c + j);
         detail::Quad<float> cs{};
         for (int q = 0; q < K; ++q)
@@ -481,7 +522,7 @@ struct Math {
             const float g2 = g[q].v[l] * g[q].v[l];
             part[q] += g2;
             cs.v[l] = cs.v[l] + g2;
-            if constexpr (M::has_state) m[q].v[l] = M::update(m[q].v[l], g[q].v[l], s);
+            if constexpr (M::has_state && !stored) m[q].v[l] = M::update(m[q].v[l], g[q].v[l], s);
           }
         detail::Quad<double> acc = detail::load_quad(colp + j);
         for (int l = 0; l < 4; ++l) acc.v[l] += static_cast<double>(cs.v[l]);
@@ -497,7 +538,7 @@ struct Math {
     if constexpr (C::active) {
       for (index_t j = 4 * static_cast<index_t>(threadIdx.x); j < c; j += 4 * static_cast<index_t>(blockDim.x)) {
         detail::Quad<float> n[K];
-        for (int q = 0; q < K; ++q) n[q] = numerator_quad(t, s, off + q * c + j);
+        for (int q = 0; q < K; ++q) n[q] = numerator_quad(t, s, b, off + q * c + j);
         detail::Quad<float> dj{};
         for (int q = 0; q < K; ++q)
           for (int l = 0; l < 4; ++l) dj.v[l] = dj.v[l] + n[q].v[l] * n[q].v[l] * inv_r[q];
@@ -642,7 +683,7 @@ struct Math {
           for (index_t i = i0; i < i1; ++i) {
             const float ri = rs[i];
             if (ri > 0.0f) {
-              const float n = numerator_at(t, s, (b * r + i) * c + j);
+              const float n = numerator_at(t, s, b, (b * r + i) * c + j);
               if (S::row_floored(ri, vbar, s)) {
                 const float inv_row = 1.0f / S::row_factor(ri, vbar, s);
                 const float u = n * (inv_row * w);
@@ -765,7 +806,7 @@ struct Math {
       const float a = m.row_scale(m.rs[i], s);
       const index_t row0 = (b * t.geom.rows + i) * c;
       store_range(t, st, row0, row0 + c,
-                  [&](index_t o) { return numerator_at(t, s, o) * (a * m.w[o - row0]); });
+                  [&](index_t o) { return numerator_at(t, s, b, o) * (a * m.w[o - row0]); });
     }
   }
 
@@ -807,7 +848,7 @@ struct Math {
           const index_t o = first + 4 * lq[u];
           rv[u] = rs[row[u]];
           wq[u] = detail::load_quad(m.w + 4 * (lq[u] - row[u] * cq));
-          n[u] = numerator_quad(t, s, o);
+          n[u] = numerator_quad(t, s, b, o);
           pq[u] = detail::load_quad(param + o);
         }
       for (int u = 0; u < unroll; ++u)
@@ -861,7 +902,7 @@ struct Math {
         if (ok[h]) {
           rv[h] = m.rs[it.begin + i[h]];
           wq[h] = detail::load_quad(m.w + (o[h] - first - i[h] * c));
-          n[h] = numerator_quad(t, s, o[h]);
+          n[h] = numerator_quad(t, s, b, o[h]);
           pq[h] = detail::load_quad(param + o[h]);
         }
       const auto blk = random_block(st.key, static_cast<std::uint64_t>(k));
@@ -879,6 +920,67 @@ struct Math {
     }
   }
 
+  // ------------------------------------------------------ stored momentum
+  /// Stored momentum: the blocks of matrix it.matrix that start in elements
+  /// [it.begin, it.end), warp w taking the w-th, lane l its elements
+  /// 8 l ... 8 l + 7: m' from the stored values and the gradient, then the
+  /// block's stored values (policies/bf16_momentum.hpp,
+  /// int8_block_momentum.hpp), with the random bits of element_base + the
+  /// element's index in the tensor, from the momentum's stream.
+  static __device__ void momentum_blocks(const DeviceTask& t, const TaskStep& st, const WorkItem& it) {
+    if constexpr (stored) {
+      constexpr int per_lane = static_cast<int>(momentum_block / 32);
+      const StepScalars& s = st.s;
+      const RoundingKey key = momentum_key(st.key);
+      const index_t size = t.geom.matrix_size();
+      const index_t b = it.matrix;
+      const int lane = static_cast<int>(threadIdx.x & 31u);
+      const index_t k = it.begin / momentum_block + static_cast<index_t>(threadIdx.x >> 5);
+      const index_t start = k * momentum_block;
+      if (start >= it.end) return;  // the whole warp: no shuffle below is left waiting
+      const index_t n = size - start < momentum_block ? size - start : momentum_block;
+      const index_t first = b * size + start + per_lane * lane;  // this lane's first element
+      const index_t element = t.element_base + first;            // its index in the whole tensor
+      static_assert(per_lane == elements_per_block, "a lane's elements are one Philox block's");
+      float mp[per_lane];
+      std::uint32_t bits[per_lane];
+      for (int q = 0; q < per_lane; ++q) {
+        const bool in = per_lane * lane + q < n;
+        mp[q] = in ? M::update(momentum_at(t, b, first + q), grad_at(t, s, first + q), s) : 0.0f;
+      }
+      if (element % elements_per_block == 0) {  // one Philox block serves the lane
+        const auto blk = random_block(key, static_cast<std::uint64_t>(element / elements_per_block));
+        for (int q = 0; q < per_lane; ++q) bits[q] = block_bits(blk, static_cast<std::uint64_t>(q));
+      } else {
+        for (int q = 0; q < per_lane; ++q) bits[q] = random_bits(key, element + q);
+      }
+      float* w = momentum_of(t, b);
+      if constexpr (storage == MomentumStorage::bf16) {
+        bf16* out = reinterpret_cast<bf16*>(w) + start + per_lane * lane;
+        for (int q = 0; q < per_lane; ++q)
+          if (per_lane * lane + q < n) out[q] = M::encode(mp[q], bits[q]);
+      } else {
+        float amax = 0.0f;
+        for (int q = 0; q < per_lane; ++q) {
+          const float a = ::fabsf(mp[q]);
+          amax = a > amax ? a : amax;
+        }
+        for (int off = 16; off > 0; off >>= 1) {
+          const float other = __shfl_xor_sync(0xffffffffu, amax, off);
+          amax = other > amax ? other : amax;
+        }
+        const float inv = M::inverse(amax);
+        float* blk = w + k * int8_block_words;
+        std::int8_t* out = reinterpret_cast<std::int8_t*>(blk + 1) + per_lane * lane;
+        for (int q = 0; q < per_lane; ++q)
+          if (per_lane * lane + q < n) out[q] = static_cast<std::int8_t>(M::code(mp[q], inv, M::uniform(bits[q])));
+        if (lane == 0) blk[0] = M::scale(amax);
+      }
+    } else {
+      (void)t, (void)st, (void)it;
+    }
+  }
+
   // ------------------------------------------------------ element-wise rule
   static __device__ void elementwise_statistics(const DeviceTask& t, const TaskStep& st, const WorkItem& it) {
     const StepScalars& s = st.s;
@@ -888,7 +990,9 @@ struct Math {
     auto update = [&](index_t o) {
       const float g = grad_at(t, s, o);
       float m = 0.0f;
-      if constexpr (M::has_state) {
+      if constexpr (stored) {
+        m = momentum_at(t, it.matrix, o);  // updated by the momentum pass
+      } else if constexpr (M::has_state) {
         m = M::update(t.m[o], g, s);
         t.m[o] = m;
       }
@@ -914,7 +1018,7 @@ struct Math {
     const index_t base = it.matrix * t.geom.matrix_size();
     const float lr_eff = C::active ? s.lr / t.divisor[it.matrix] : s.lr;
     store_range(t, st, base + it.begin, base + it.end, [&](index_t o) {
-      const float u = numerator_at(t, s, o) / S::denominator(t.v[o], s);
+      const float u = numerator_at(t, s, it.matrix, o) / S::denominator(t.v[o], s);
       return u * lr_eff;
     });
   }
@@ -972,6 +1076,19 @@ __global__ void __launch_bounds__(block_threads)
   const TaskStep st = steps[it.task];
   if constexpr (X::S::factored) X::factored_statistics(t, st.s, it, workspace);
   else X::elementwise_statistics(t, st, it);
+}
+
+/// Stored momentum: the momentum pass (Math::momentum_blocks), before the
+/// statistics.
+template <class Rule, class P, class G>
+__global__ void __launch_bounds__(block_threads)
+    momentum_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkItem* items) {
+  using X = Math<Rule, P, G>;
+  const WorkItem it = items[blockIdx.x];
+  if (tasks[it.task].grad == nullptr || steps[it.task].skip) return;
+  const DeviceTask t = tasks[it.task];
+  const TaskStep st = steps[it.task];
+  X::momentum_blocks(t, st, it);
 }
 
 template <class Rule, class P, class G>

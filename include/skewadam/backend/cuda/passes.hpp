@@ -12,6 +12,9 @@
 //   applies   factored: row blocks of the update; element-wise: the units
 //   shards    factored pieces of matrices cut between processes: blocks of
 //             column_block columns (shard_sums_kernel)
+//   momentum  momentum stored in fewer bits: chunks of momentum_chunk_elems
+//             elements of each matrix, a block of momentum per warp
+//             (momentum_kernel, before the statistics)
 //
 // A step runs every group's statistics (and shard sums), the placement's
 // statistics exchange, every group's finish (columns_kernel, or
@@ -25,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
+#include <tuple>
 #include <vector>
 
 #include "../../config.hpp"
@@ -43,6 +47,8 @@ struct GroupArrays {
   std::int32_t n_applies = 0;
   const WorkItem* shards = nullptr;
   std::int32_t n_shards = 0;
+  const WorkItem* momentum = nullptr;
+  std::int32_t n_momentum = 0;
   const std::int32_t* tasks = nullptr;
   std::int32_t n_tasks = 0;
   double* workspace = nullptr;  ///< GroupLists::workspace_doubles() doubles
@@ -53,7 +59,8 @@ struct GroupArrays {
 /// (plan()), since a factored matrix's row blocks depend on the whole group.
 struct GroupLists {
   bool factored = false;
-  std::vector<WorkItem> units, columns, applies, shards;
+  bool stored = false;  ///< its rule stores momentum in fewer bits
+  std::vector<WorkItem> units, columns, applies, shards, momentum;
   std::vector<std::int32_t> tasks;
 
   /// Appends piece `task` (its DeviceTask d: geometry, row_blocks (the most
@@ -88,9 +95,15 @@ struct GroupLists {
     columns.clear();
     applies.clear();
     shards.clear();
+    momentum.clear();
     workspace_ = 0;
     for (const Entry& e : entries_) {
       const MatrixGeometry& g = e.geom;
+      if (stored)
+        for (index_t b = 0; b < g.batch; ++b)
+          for (index_t q = 0; q * momentum_chunk_elems < g.matrix_size(); ++q)
+            momentum.push_back(WorkItem{e.task, b, q * momentum_chunk_elems,
+                                        std::min(g.matrix_size(), (q + 1) * momentum_chunk_elems), q, 0});
       if (factored) {
         const index_t nb = row_blocks(e);
         // c column sums and c clip terms per row block, from a multiple of
@@ -123,14 +136,14 @@ struct GroupLists {
     planned_ = true;
   }
 
-  /// units, columns, applies, shards: one array to upload. Throws when a
-  /// pass would need more blocks than one launch has.
+  /// units, columns, applies, shards, momentum: one array to upload. Throws
+  /// when a pass would need more blocks than one launch has.
   std::vector<WorkItem> concatenated() {
     plan();
-    if (units.size() + columns.size() + applies.size() + shards.size() > 0x7fffffffu)
+    if (units.size() + columns.size() + applies.size() + shards.size() + momentum.size() > 0x7fffffffu)
       throw std::invalid_argument("parameters: too many work items for one launch");
     std::vector<WorkItem> all = units;
-    for (const auto* l : {&columns, &applies, &shards}) all.insert(all.end(), l->begin(), l->end());
+    for (const auto* l : {&columns, &applies, &shards, &momentum}) all.insert(all.end(), l->begin(), l->end());
     return all;
   }
   /// Doubles of the group's workspace (its row blocks' column partials).
@@ -142,10 +155,19 @@ struct GroupLists {
   /// `workspace`: workspace_doubles() doubles of device memory.
   GroupArrays arrays(const WorkItem* items, const std::int32_t* ids, double* workspace = nullptr) const {
     const auto n = [](const auto& v) { return static_cast<std::int32_t>(v.size()); };
-    return GroupArrays{items, n(units), items + units.size(), n(columns),
-                       items + units.size() + columns.size(), n(applies),
-                       items + units.size() + columns.size() + applies.size(), n(shards), ids, n(tasks),
-                       workspace};
+    const WorkItem* at = items;
+    GroupArrays a;
+    for (auto [list, first, count] : {std::tuple{&units, &a.units, &a.n_units}, {&columns, &a.columns, &a.n_columns},
+                                      {&applies, &a.applies, &a.n_applies}, {&shards, &a.shards, &a.n_shards},
+                                      {&momentum, &a.momentum, &a.n_momentum}}) {
+      *first = at;
+      *count = n(*list);
+      at += list->size();
+    }
+    a.tasks = ids;
+    a.n_tasks = n(tasks);
+    a.workspace = workspace;
+    return a;
   }
 
  private:
@@ -185,6 +207,7 @@ struct GroupPasses {
   using Stream = typename R::stream_type;
   using Pass = void (*)(const GroupArrays&, const DeviceTask*, const TaskStep*, Stream);
   bool factored = false;
+  bool stored = false;        ///< momentum stored in fewer bits: the statistics pass runs the momentum pass first
   Pass statistics = nullptr;  ///< and the shard sums of cut pieces
   Pass finish = nullptr;
   Pass apply = nullptr;
@@ -196,8 +219,10 @@ const GroupPasses<R>* passes_of() {
   using C = typename Rule::clip;
   using Stream = typename R::stream_type;
   static const GroupPasses<R> p{
-      S::factored,
+      S::factored, Math<Rule, P, G>::stored,
       [](const GroupArrays& g, const DeviceTask* t, const TaskStep* s, Stream st) {
+        if constexpr (Math<Rule, P, G>::stored)
+          R::template launch<&momentum_kernel<Rule, P, G>>(grid(g.n_momentum), block_threads, st, t, s, g.momentum);
         R::template launch<&statistics_kernel<Rule, P, G>>(grid(g.n_units), block_threads, st, t, s, g.units,
                                                            g.workspace);
         if constexpr (S::factored)

@@ -1,0 +1,532 @@
+// Momentum stored in fewer bits (policies/stored_momentum.hpp): Bf16Momentum
+// and Int8BlockMomentum, in the blocks of state_layout.hpp.
+//   - the same bits for 1, 2 and 3 threads, and on every CPU architecture
+//     (the parameters within rounding), with blocks that span rows, row
+//     blocks cut at block boundaries, banks whose matrices end inside a
+//     block, element-wise chunks;
+//   - every stored value is one of the two neighbours of m' that the
+//     encoding allows, from the stored values of the step before;
+//   - the decoded momentum against the fp32 recursion on the same gradients,
+//     within the bound the policy states, and unbiased;
+//   - bytes as the layout counts them, and the planner's figures;
+//   - a checkpoint resumes bit-exactly and records the rule; an optimizer
+//     with fp32 momentum refuses it and changes nothing;
+//   - the sharded placement at 1 and 3 ranks (threads of this process) keeps
+//     the same momentum bits as one process, and its checkpoint resumes in
+//     one process;
+//   - an import of the wrong size is refused with a clear error.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <skewadam/checkpoint.hpp>
+#include <skewadam/dist/sharded_optimizer.hpp>
+#include <skewadam/dist/thread_communicator.hpp>
+#include <skewadam/plan.hpp>
+#include <skewadam/skewadam.hpp>
+
+#include "cpu_archs.hpp"
+
+namespace test_stored_momentum {
+
+namespace {
+
+using namespace skewadam;
+
+/// Every tier keeps the stored momentum P: the backbone's rule, the experts'
+/// bank under the factored rule with it, the router's element-wise rule
+/// with it.
+template <class P>
+using AllStored = TierRules<BackboneRule::with_momentum<P>, ExpertRule::with_momentum<P>,
+                            RouterRule::with_momentum<P>>;
+
+struct Spec {
+  std::string name;
+  Tier tier;
+  Shape shape;
+  Dtype param;
+};
+
+std::vector<Spec> specs() {
+  return {
+      {"backbone.w", Tier::backbone, Shape{513, 257}, Dtype::bf16},      // blocks span rows
+      {"backbone.blocks", Tier::backbone, Shape{1100, 300}, Dtype::f32}, // 2 row blocks, cut at row 512
+      {"backbone.norm", Tier::backbone, Shape{1000}, Dtype::bf16},       // rank 1: element-wise
+      {"backbone.small", Tier::backbone, Shape{7, 5}, Dtype::f32},       // one short block
+      {"bank", Tier::experts, Shape{4, 96, 70}, Dtype::bf16},            // matrices end inside a block
+      {"router", Tier::router, Shape{300, 500}, Dtype::f32},             // 3 element-wise chunks
+  };
+}
+
+std::uint64_t mix(std::uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  return x;
+}
+
+/// Gradient of element i at a step: mostly O(1e-2), with a few larger
+/// values so that blocks' scales differ, and row 3 zero. It does not depend
+/// on the parameters, so the momentum is a function of the gradients alone.
+float grad_value(index_t i, index_t cols, int step, std::uint64_t salt) {
+  if (i / cols == 3) return 0.0f;
+  const std::uint64_t h = mix(static_cast<std::uint64_t>(i) * 31 + salt + 977 * static_cast<std::uint64_t>(step));
+  const float u = static_cast<float>(h >> 40) * 0x1p-24f - 0.5f;
+  return u * ((h & 63) == 0 ? 0.5f : 0.02f);
+}
+
+struct Tensor {
+  Spec spec;
+  std::vector<float> p32, g;
+  std::vector<bf16> pb;
+
+  explicit Tensor(const Spec& s) : spec(s) {
+    const auto n = static_cast<std::size_t>(s.shape.numel());
+    for (std::size_t i = 0; i < n; ++i) {
+      const float x = static_cast<float>(mix(i + 12345) >> 40) * 0x1p-24f - 0.5f;
+      if (s.param == Dtype::f32) p32.push_back(x);
+      else pb.push_back(bf16(x));
+    }
+    g.resize(n);
+  }
+  void set_grad(int step, std::uint64_t salt) {
+    const index_t cols = spec.shape.matrices().cols;
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = grad_value(static_cast<index_t>(i), cols, step, salt);
+  }
+  ParamView param() {
+    if (spec.param == Dtype::f32) return TensorView<float>(p32.data(), spec.shape);
+    return TensorView<bf16>(pb.data(), spec.shape);
+  }
+  GradView grad() const { return TensorView<const float>(g.data(), spec.shape); }
+  float value(std::size_t i) const { return spec.param == Dtype::f32 ? p32[i] : to_float(pb[i]); }
+  std::vector<unsigned char> bytes() const {
+    const void* d = spec.param == Dtype::f32 ? static_cast<const void*>(p32.data()) : static_cast<const void*>(pb.data());
+    std::vector<unsigned char> out(static_cast<std::size_t>(spec.shape.numel() * dtype_size(spec.param)));
+    std::memcpy(out.data(), d, out.size());
+    return out;
+  }
+};
+
+struct Result {
+  std::vector<std::vector<unsigned char>> params;
+  std::vector<std::vector<float>> m;
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+Hyperparameters hyper() { return Hyperparameters{.lr = 1e-2, .weight_decay = 0.05}; }
+
+/// A model of specs() and an optimizer `Opt` over it.
+template <class Opt>
+struct Run {
+  std::unique_ptr<Opt> opt;
+  std::vector<Tensor> ts;
+  std::vector<ParamId> ids;
+  template <class... Args>
+  explicit Run(Args&&... args) : opt(std::make_unique<Opt>(std::forward<Args>(args)...)) {
+    for (const Spec& s : specs()) ts.emplace_back(s);
+    for (Tensor& t : ts) ids.push_back(opt->add(t.spec.name, t.spec.tier, t.param()));
+  }
+  void steps(int from, int to) {
+    for (int step = from; step < to; ++step) {
+      for (std::size_t k = 0; k < ts.size(); ++k) {
+        ts[k].set_grad(step, k);
+        opt->set_grad(ids[k], ts[k].grad());
+      }
+      opt->step();
+      REQUIRE(opt->last_step().applied);
+    }
+  }
+  /// Parameters and the complete m (collective for a sharded optimizer).
+  Result result() const {
+    Result r;
+    const OptimizerState s = opt->export_state();
+    for (std::size_t k = 0; k < ts.size(); ++k) {
+      r.params.push_back(ts[k].bytes());
+      r.m.push_back(s.params[k].state.m);
+    }
+    return r;
+  }
+};
+
+template <class Tiers, class Backend = backend::DefaultBackend>
+using Local = Run<Optimizer<Tiers, Backend>>;
+template <class Tiers, class Backend = backend::DefaultBackend>
+std::unique_ptr<Local<Tiers, Backend>> local(int threads) {
+  return std::make_unique<Local<Tiers, Backend>>(hyper(), OptimizerOptions{.seed = 42, .threads = threads});
+}
+
+void check_same(const Result& a, const Result& b, bool params = true) {
+  const auto sp = specs();
+  for (std::size_t k = 0; k < sp.size(); ++k) {
+    CAPTURE(sp[k].name);
+    if (params) CHECK(a.params[k] == b.params[k]);
+    CHECK(same_bits(a.m[k], b.m[k]));
+  }
+}
+
+/// The stored momentum of P, decoded: each element's value and the step of
+/// its block (int8: the scale; bf16: 0).
+template <class P>
+struct Decoded {
+  std::vector<float> value, step;
+};
+template <class P>
+Decoded<P> decode(const std::vector<float>& words, const Shape& shape) {
+  const MatrixGeometry g = shape.matrices();
+  const index_t mat = g.matrix_size();
+  Decoded<P> d;
+  REQUIRE(static_cast<index_t>(words.size()) == momentum_words(StateLayout{true, false, P::storage}, g));
+  for (index_t b = 0; b < g.batch; ++b)
+    for (index_t e = 0; e < mat; ++e) {
+      const float* blk = words.data() + momentum_word_at(P::storage, mat, b, e);
+      const index_t r = e % momentum_block;
+      if constexpr (P::storage == MomentumStorage::bf16) {
+        std::uint16_t h;
+        std::memcpy(&h, reinterpret_cast<const unsigned char*>(blk) + 2 * r, 2);
+        d.value.push_back(to_float(from_bits<bf16>(h)));
+        d.step.push_back(0.0f);
+      } else {
+        const auto q = static_cast<float>(reinterpret_cast<const std::int8_t*>(blk + 1)[r]);
+        d.value.push_back(P::value(q, blk[0]));
+        d.step.push_back(blk[0]);
+      }
+    }
+  return d;
+}
+
+/// The two bf16 values next to x (equal when x is one).
+std::pair<float, float> bf16_neighbours(float x) {
+  const bf16 lo = StochasticRounding::store<bf16>(x, 0u);        // truncated toward zero
+  const bf16 hi = StochasticRounding::store<bf16>(x, 0xffffu);   // away from zero, unless exact
+  return {to_float(lo), to_float(hi)};
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("stored momentum: the same bits for 1, 2 and 3 threads", P, Bf16Momentum, Int8BlockMomentum) {
+  auto one = local<AllStored<P>>(1);
+  one->steps(0, 3);
+  for (int threads : {2, 3}) {
+    CAPTURE(threads);
+    auto other = local<AllStored<P>>(threads);
+    other->steps(0, 3);
+    check_same(one->result(), other->result());
+  }
+}
+
+TEST_CASE_TEMPLATE_DEFINE("stored momentum: every CPU architecture stores the scalar code's bits", Arch,
+                          stored_every_arch) {
+  // The momentum's products are rounded on their own (vmath::mul_rn), so
+  // every architecture forms the same m' and stores the same values. The
+  // parameters agree to rounding only: the second-moment statistics are
+  // summed in another order on vector lanes.
+  CAPTURE(backend::CpuBackend<Arch>::arch_name());
+  auto check = [&]<class P>() {
+    auto scalar = local<AllStored<P>, backend::CpuBackend<ScalarArch>>(2);
+    scalar->steps(0, 3);
+    auto simd = local<AllStored<P>, backend::CpuBackend<Arch>>(2);
+    simd->steps(0, 3);
+    check_same(scalar->result(), simd->result(), false);
+    const auto sp = specs();
+    for (std::size_t k = 0; k < sp.size(); ++k) {
+      CAPTURE(sp[k].name);
+      const float rel = sp[k].param == Dtype::f32 ? 1e-4f : 0x1p-6f;
+      bool close = true;
+      for (std::size_t i = 0; i < scalar->ts[k].g.size(); ++i) {
+        const float x = scalar->ts[k].value(i), y = simd->ts[k].value(i);
+        close = close && std::fabs(x - y) <= rel * std::fabs(x) + 1e-6f;
+      }
+      CHECK(close);
+    }
+  };
+  check.template operator()<Bf16Momentum>();
+  check.template operator()<Int8BlockMomentum>();
+}
+TEST_CASE_TEMPLATE_APPLY(stored_every_arch, skewadam::test::SimdArchs);
+
+TEST_CASE_TEMPLATE("stored momentum: every stored value is one of the two its encoding allows", P, Bf16Momentum,
+                   Int8BlockMomentum) {
+  // From the stored values of the step before, m' = beta1 m + (1 - beta1) g
+  // with each product rounded alone; then bf16 stores one of the two bf16
+  // values next to m', and int8 stores each block's scale max|m'| / 127 and
+  // a code within one of m' * 127 / max|m'|.
+  auto run = local<AllStored<P>>(2);
+  const auto sp = specs();
+  std::vector<std::vector<float>> before(sp.size());
+  for (std::size_t k = 0; k < sp.size(); ++k) before[k].assign(static_cast<std::size_t>(sp[k].shape.numel()), 0.0f);
+  for (int step = 0; step < 3; ++step) {
+    run->steps(step, step + 1);
+    const Result r = run->result();
+    const StepScalars s = make_step_scalars(hyper(), step + 1);
+    for (std::size_t k = 0; k < sp.size(); ++k) {
+      CAPTURE(sp[k].name);
+      CAPTURE(step);
+      const Decoded<P> now = decode<P>(r.m[k], sp[k].shape);
+      const MatrixGeometry g = sp[k].shape.matrices();
+      const auto n = static_cast<std::size_t>(g.numel());
+      std::vector<float> mp(n);
+      for (std::size_t i = 0; i < n; ++i) mp[i] = P::update(before[k][i], run->ts[k].g[i], s);
+      bool allowed = true;
+      if constexpr (P::storage == MomentumStorage::bf16) {
+        for (std::size_t i = 0; i < n; ++i) {
+          const auto [lo, hi] = bf16_neighbours(mp[i]);
+          allowed = allowed && (now.value[i] == lo || now.value[i] == hi);
+        }
+      } else {
+        const auto mat = static_cast<std::size_t>(g.matrix_size());
+        for (std::size_t b0 = 0; b0 < n; b0 += mat)
+          for (std::size_t s0 = 0; s0 < mat; s0 += momentum_block) {
+            const std::size_t e0 = b0 + s0, e1 = b0 + std::min(mat, s0 + momentum_block);
+            float amax = 0.0f;
+            for (std::size_t i = e0; i < e1; ++i) amax = std::max(amax, std::fabs(mp[i]));
+            const float inv = P::inverse(amax);
+            allowed = allowed && now.step[e0] == P::scale(amax);
+            for (std::size_t i = e0; i < e1; ++i) {
+              const float q = now.value[i] == 0.0f ? 0.0f : std::round(now.value[i] / now.step[i]);
+              const float lo = std::floor(vmath::mul_rn(mp[i], inv));
+              allowed = allowed && (q == lo || q == lo + 1.0f) && std::fabs(q) <= 127.0f;
+            }
+          }
+      }
+      CHECK(allowed);
+      before[k] = now.value;
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("stored momentum: within the stated bound of the fp32 recursion, and unbiased", P, Bf16Momentum,
+                   Int8BlockMomentum) {
+  // m32 is what fp32 momentum holds on the same gradients. Each step's
+  // rounding moves an element by less than its step (int8: the block's
+  // scale s_t; bf16: one bf16 spacing, at most 2^-7 |m'|); after T steps the
+  // error is at most the sum of beta1^(T - t) times those, plus fp32 rounding.
+  auto run = local<AllStored<P>>(2);
+  const float beta1 = static_cast<float>(hyper().beta1);
+  const auto sp = specs();
+  std::vector<std::vector<float>> m32(sp.size()), bound(sp.size());
+  for (std::size_t k = 0; k < sp.size(); ++k) {
+    m32[k].assign(static_cast<std::size_t>(sp[k].shape.numel()), 0.0f);
+    bound[k].assign(m32[k].size(), 0.0f);
+  }
+  double error_sum = 0, count = 0, step_sum = 0;
+  for (int step = 0; step < 6; ++step) {
+    run->steps(step, step + 1);
+    const Result r = run->result();
+    for (std::size_t k = 0; k < sp.size(); ++k) {
+      CAPTURE(sp[k].name);
+      CAPTURE(step);
+      const Decoded<P> m = decode<P>(r.m[k], sp[k].shape);
+      bool within = true;
+      for (std::size_t i = 0; i < m.value.size(); ++i) {
+        m32[k][i] = beta1 * m32[k][i] + (1.0f - beta1) * run->ts[k].g[i];
+        const float unit = P::storage == MomentumStorage::bf16 ? 0x1p-7f * std::fabs(m.value[i]) : m.step[i];
+        bound[k][i] = beta1 * bound[k][i] + unit * (1.0f + 0x1p-7f);
+        const float err = m.value[i] - m32[k][i];
+        within = within && std::fabs(err) <= bound[k][i] * 1.0001f + 1e-6f * std::fabs(m32[k][i]);
+        error_sum += err;
+        count += 1;
+        step_sum += unit;
+      }
+      CHECK(within);
+    }
+  }
+  // Unbiased: the mean error over about 2.9 million element-steps is far
+  // below the mean step (a biased rounding, such as truncation, would put it
+  // near half a step).
+  CHECK(std::fabs(error_sum / count) < 0.01 * step_sum / count);
+}
+
+TEST_CASE("8-bit momentum: a block of zeros stores zeros; the codes are not all equal") {
+  auto run = local<AllStored<Int8BlockMomentum>>(1);
+  run->steps(0, 1);
+  const Result r = run->result();
+  // backbone.w's row 3 has zero gradients but its blocks span other rows;
+  // backbone.small (7 x 5) is one block whose row 3 is zero.
+  const Decoded<Int8BlockMomentum> m = decode<Int8BlockMomentum>(r.m[3], specs()[3].shape);
+  for (index_t j = 0; j < 5; ++j) CHECK(m.value[static_cast<std::size_t>(3 * 5 + j)] == 0.0f);
+  const std::vector<float>& w = r.m[0];
+  const auto* bytes = reinterpret_cast<const std::int8_t*>(w.data());
+  int distinct = 0;
+  for (int c = -127; c <= 127; ++c)
+    distinct += std::any_of(bytes, bytes + 4 * w.size(), [&](std::int8_t q) { return q == c; }) ? 1 : 0;
+  CHECK(distinct > 100);
+}
+
+TEST_CASE("stored momentum: state bytes are the layout's, and the planner's") {
+  auto run8 = local<SkewAdam8bitTiers>(1);
+  auto run16 = local<SkewAdamBf16Tiers>(1);
+  auto run32 = local<SkewAdamTiers>(1);
+  index_t b8 = 0, b16 = 0;
+  for (const Spec& s : specs()) {
+    if (s.tier != Tier::backbone) continue;
+    const MatrixGeometry g = s.shape.matrices();
+    const index_t second = second_moment_bytes(SkewAdamTiers::layout(Tier::backbone), s.shape);
+    index_t words8 = 0;
+    for (index_t e = 0; e < g.matrix_size(); e += 256) words8 += 1 + (std::min<index_t>(256, g.matrix_size() - e) + 3) / 4;
+    b8 += 4 * g.batch * words8 + second;
+    b16 += 4 * g.batch * ((g.matrix_size() + 1) / 2) + second;
+  }
+  CHECK(run8->opt->state_bytes(Tier::backbone) == b8);
+  CHECK(run16->opt->state_bytes(Tier::backbone) == b16);
+  CHECK(SkewAdam8bitTiers::layout(Tier::backbone).storage == MomentumStorage::int8_blocks);
+  CHECK(SkewAdamBf16Tiers::layout(Tier::backbone).storage == MomentumStorage::bf16);
+  const StateLayout l8 = SkewAdam8bitTiers::layout(Tier::backbone);
+  const StateLayout l16 = SkewAdamBf16Tiers::layout(Tier::backbone);
+  // a 4096 x 4096 matrix: 65,536 blocks of 256 codes and a scale; bf16 half of fp32
+  CHECK(momentum_bytes(l8, Shape{4096, 4096}) == 4096 * 4096 + 4 * 4096 * 4096 / 256);
+  CHECK(momentum_bytes(l16, Shape{4096, 4096}) == 2 * 4096 * 4096);
+  CHECK(momentum_bytes(SkewAdamTiers::layout(Tier::backbone), Shape{4096, 4096}) == 4 * 4096 * 4096);
+  CHECK(momentum_bytes(l8, Shape{7, 5}) == 4 * (1 + 9));
+  CHECK(momentum_bytes(l16, Shape{7, 5}) == 4 * 18);
+  CHECK(momentum_bytes(l8, Shape{3, 7, 5}) == 3 * 4 * (1 + 9));  // each matrix's blocks are its own
+  // the experts' and the router's state are SkewAdam's
+  for (Tier t : {Tier::experts, Tier::router}) {
+    CHECK(run8->opt->state_bytes(t) == run32->opt->state_bytes(t));
+    CHECK(run16->opt->state_bytes(t) == run32->opt->state_bytes(t));
+  }
+  CHECK(run8->opt->state_bytes(Tier::backbone) < run32->opt->state_bytes(Tier::backbone) / 3);
+  // the planner counts the same bytes for the same tensors
+  std::vector<TensorSpec> inventory;
+  std::vector<Tier> tiers;
+  for (const Spec& s : specs()) {
+    inventory.push_back(TensorSpec{s.name, s.shape, s.param});
+    tiers.push_back(s.tier);
+  }
+  const Plan plan = make_plan(inventory, tiers);
+  CHECK(plan.state_bytes.skewadam_8bit == run8->opt->state_bytes());
+  CHECK(plan.state_bytes.skewadam_bf16 == run16->opt->state_bytes());
+}
+
+TEST_CASE_TEMPLATE("stored momentum: a checkpoint resumes bit-exactly and names the rule", P, Bf16Momentum,
+                   Int8BlockMomentum) {
+  using Tiers = AllStored<P>;
+  auto whole = local<Tiers>(2);
+  whole->steps(0, 4);
+
+  auto first = local<Tiers>(2);
+  first->steps(0, 2);
+  const std::vector<std::byte> bytes = checkpoint_bytes(*first->opt, SaveOptions{.include_params = true});
+  const CheckpointInfo info = read_checkpoint_info(std::span<const std::byte>(bytes));
+  CHECK(info.tiers[0].rule == rule_name<typename Tiers::backbone>());
+  CHECK(info.tiers[0].rule.find(std::string(policy_name<P>::value)) != std::string::npos);
+  CHECK(info.tiers[0].layout == Tiers::layout(Tier::backbone));
+
+  auto resumed = local<Tiers>(3);  // another thread count
+  load_checkpoint(*resumed->opt, std::span<const std::byte>(bytes), LoadOptions{.params = ParamValues::require});
+  for (std::size_t k = 0; k < resumed->ts.size(); ++k) {  // the parameters come back with the state
+    CAPTURE(resumed->ts[k].spec.name);
+    CHECK(resumed->ts[k].bytes() == first->ts[k].bytes());
+  }
+  resumed->steps(2, 4);
+  check_same(whole->result(), resumed->result());
+
+  // fp32 momentum reads m differently: refused, nothing changed
+  auto other = local<SkewAdamTiers>(1);
+  other->steps(0, 1);
+  const Result before = other->result();
+  try {
+    load_checkpoint(*other->opt, std::span<const std::byte>(bytes));
+    FAIL("a stored-momentum checkpoint loaded into fp32 momentum");
+  } catch (const CheckpointError& e) {
+    CHECK(e.kind() == CheckpointError::Kind::mismatch);
+    CHECK(std::string(e.what()).find(std::string(policy_name<P>::value)) != std::string::npos);
+  }
+  check_same(before, other->result());
+}
+
+TEST_CASE_TEMPLATE("stored momentum: sharded at 1 and 3 ranks keeps one process's momentum bits", P, Bf16Momentum,
+                   Int8BlockMomentum) {
+  // Matrices cut between ranks add their column statistics in another order
+  // than one process, so the parameters agree to rounding; the momentum is
+  // a function of the gradients alone and keeps one process's bits, and so
+  // does a checkpoint written by the 3 ranks, resumed in one process.
+  using Tiers = AllStored<P>;
+  using Sharded1 = Run<dist::ShardedOptimizer<Tiers, dist::SelfCommunicator>>;
+  using Sharded3 = Run<dist::ShardedOptimizer<Tiers, dist::ThreadCommunicator>>;
+  auto single = local<Tiers>(1);
+  single->steps(0, 3);
+  const Result want = single->result();
+
+  dist::SelfCommunicator self;
+  Sharded1 one(self, hyper(), OptimizerOptions{.seed = 42, .threads = 1});
+  one.steps(0, 3);
+  check_same(want, one.result());
+
+  dist::ThreadGroup group(3);
+  std::vector<Result> results(3);
+  std::vector<std::vector<std::byte>> checkpoints(3);
+  std::vector<index_t> cut_tensors(3, 0);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 3; ++r)
+    ranks.emplace_back([&, r] {
+      dist::ThreadCommunicator comm = group.communicator(r);
+      Sharded3 run(comm, hyper(), OptimizerOptions{.seed = 42, .threads = 1});
+      run.steps(0, 3);
+      run.opt->gather_params();
+      results[static_cast<std::size_t>(r)] = run.result();
+      checkpoints[static_cast<std::size_t>(r)] = checkpoint_bytes(*run.opt);
+      for (std::size_t k = 0; k < run.ids.size(); ++k)
+        cut_tensors[static_cast<std::size_t>(r)] += run.opt->split(run.ids[k]).cuts_matrices() ? 1 : 0;
+    });
+  for (std::thread& t : ranks) t.join();
+  // every backbone and router tensor is cut in row slices or element ranges
+  // (backbone.small's one block at rank 2 alone, 7 x 5 holding less than a
+  // block); the bank is dealt out by whole experts
+  CHECK(cut_tensors[0] == 5);
+  const auto sp = specs();
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    check_same(want, results[static_cast<std::size_t>(r)], false);
+    for (std::size_t k = 0; k < sp.size(); ++k) {
+      CAPTURE(sp[k].name);
+      CHECK(results[static_cast<std::size_t>(r)].params[k] == results[0].params[k]);  // every rank has them all
+      const Tensor& a = single->ts[k];
+      Tensor b(sp[k]);
+      std::memcpy(sp[k].param == Dtype::f32 ? static_cast<void*>(b.p32.data()) : static_cast<void*>(b.pb.data()),
+                  results[static_cast<std::size_t>(r)].params[k].data(), results[0].params[k].size());
+      const float rel = sp[k].param == Dtype::f32 ? 1e-4f : 0x1p-6f;
+      bool close = true;
+      for (std::size_t i = 0; i < a.g.size(); ++i)
+        close = close && std::fabs(a.value(i) - b.value(i)) <= rel * std::fabs(a.value(i)) + 1e-6f;
+      CHECK(close);
+    }
+  }
+  CHECK(!checkpoints[0].empty());  // written by rank 0 alone
+  CHECK(checkpoints[1].empty());
+  // the 3 ranks' checkpoint, resumed in one process, steps as one process does
+  auto resumed = local<Tiers>(1);
+  load_checkpoint(*resumed->opt, std::span<const std::byte>(checkpoints[0]));
+  check_same(want, resumed->result(), false);
+  resumed->steps(3, 4);
+  single->steps(3, 4);
+  check_same(single->result(), resumed->result(), false);
+}
+
+TEST_CASE("stored momentum: an import of the wrong size is refused, naming the array") {
+  auto run = local<SkewAdam8bitTiers>(1);
+  run->steps(0, 1);
+  const Result before = run->result();
+  OptimizerState state = run->opt->export_state();
+  REQUIRE(!state.params.empty());
+  state.params[0].state.m.resize(static_cast<std::size_t>(specs()[0].shape.numel()));  // fp32's size
+  try {
+    run->opt->import_state(state);
+    FAIL("import of an fp32-sized m accepted");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).find("m has") != std::string::npos);
+  }
+  check_same(before, run->result());
+}
+
+}  // namespace test_stored_momentum
