@@ -222,7 +222,7 @@ int run_driver(const Settings& s, const std::vector<std::string>& passthrough) {
   const std::vector<moe_lm::Row> rows = moe_lm::table_rows(s, ran);
   std::cout << "\n" << moe_lm::table(s, rows) << "\n";
   if (s.tune) std::cout << moe_lm::sweep_table(s, ran) << "\n";
-  std::cout << moe_lm::claims(rows) << "\n"
+  std::cout << moe_lm::claims(rows) << moe_lm::momentum_storage_claim(rows) << "\n"
             << "total wall time " << moe_lm::duration(wall) << "; load average " << load_before << " before, "
             << load_average() << " after\n";
   moe_lm::write_results(s, results);

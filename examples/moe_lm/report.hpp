@@ -296,6 +296,39 @@ inline std::string claims(const std::vector<Row>& rows) {
   return o.str();
 }
 
+/// The backbone's momentum stored in bf16 or 8 bits against fp32 (rows
+/// skewadam-bf16, skewadam-8bit and skewadam, each alone or all stepping
+/// inside backward): their state and validation perplexity, and whether the
+/// gap is within one standard deviation of the seeds (the larger of the
+/// two). Empty when the run has no such pair.
+inline std::string momentum_storage_claim(const std::vector<Row>& rows) {
+  std::ostringstream o;
+  for (const std::string suffix : {std::string(), std::string(in_backward_suffix)}) {
+    const Row* fp32 = nullptr;
+    for (const Row& r : rows)
+      if (r.optimizer == "skewadam" + suffix && !r.tuned) fp32 = &r;
+    if (fp32 == nullptr) continue;
+    for (const std::string& low : {std::string("skewadam-bf16"), std::string("skewadam-8bit")}) {
+      const Row* other = nullptr;
+      for (const Row& r : rows)
+        if (r.optimizer == low + suffix && !r.tuned) other = &r;
+      if (other == nullptr) continue;
+      const Spread a = fp32->of("val_ppl"), b = other->of("val_ppl");
+      const double gap = b.mean - a.mean;
+      o << other->label() << ": " << spread_text(b) << ", state " << megabytes(other->of("state_bytes").mean)
+        << " MB, against fp32 momentum " << spread_text(a) << ", " << megabytes(fp32->of("state_bytes").mean)
+        << " MB: " << (gap >= 0 ? "higher" : "lower") << " by " << fixed(std::fabs(gap), 3);
+      if (std::isnan(a.sd) || std::isnan(b.sd)) {
+        o << " (one seed: no spread to judge the gap by)\n";
+      } else {
+        const double sd = std::max(a.sd, b.sd);
+        o << (std::fabs(gap) <= sd ? ", within" : ", more than") << " one sd (" << fixed(sd, 3) << ")\n";
+      }
+    }
+  }
+  return o.str();
+}
+
 /// curves_mean.csv (each row's validation perplexity over the steps, mean
 /// and sd over its seeds; row i alone in curve_mean_i.csv) and val_ppl.png
 /// from them with gnuplot, the spread shaded.
@@ -341,6 +374,7 @@ inline void write_curves_and_plot(const Settings& s, const std::vector<Row>& row
      << "set logscale y\n"
      << "plot ";
   const std::map<std::string, std::string> colour{{"skewadam", "#d62728"},        {"adamw", "#1f77b4"},
+                                                  {"skewadam-bf16", "#e377c2"},   {"skewadam-8bit", "#17becf"},
                                                   {"adafactor", "#2ca02c"},       {"uniform", "#ff7f0e"},
                                                   {"expert-momentum", "#9467bd"}, {"factored-router", "#8c564b"},
                                                   {"no-optimizer", "#7f7f7f"}};

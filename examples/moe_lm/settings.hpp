@@ -53,6 +53,8 @@ struct Settings {
 
 inline const std::map<std::string, std::string> display_names{
     {"skewadam", "SkewAdam"},
+    {"skewadam-bf16", "SkewAdam, bf16 momentum"},
+    {"skewadam-8bit", "SkewAdam, 8-bit momentum"},
     {"adamw", "AdamW (torch)"},
     {"adafactor", "Adafactor-like"},
     {"uniform", "Uniform ablation"},
@@ -135,9 +137,9 @@ inline void apply_preset(Settings& s, const std::string& name) {
     m.dtype = torch::kBFloat16;
     m.separate_experts = true;  // 384 tensors of 4096 x 4096: each expert's gradient freed after its step
     // Without an optimizer (the rest of the memory), SkewAdam stepping in
-    // backward, then the two the paper measured, each refused up front
-    // where it cannot fit.
-    s.optimizers = {"no-optimizer", "skewadam-in-backward", "skewadam", "adamw"};
+    // backward with 8-bit and with fp32 backbone momentum, then the two the
+    // paper measured, each refused up front where it cannot fit.
+    s.optimizers = {"no-optimizer", "skewadam-8bit-in-backward", "skewadam-in-backward", "skewadam", "adamw"};
     s.steps = 4;
     s.lr = 3e-4;  // the paper's
     s.return_freed_memory = true;
@@ -173,17 +175,23 @@ uniform ablation from the same initialisation on identical batches.
   --out DIR           results folder (default moe_lm_out)
   --optimizers LIST   comma-separated, from skewadam, adamw, adafactor, uniform,
                       expert-momentum, factored-router (default: the first four),
-                      skewadam-in-backward (SkewAdam stepping each parameter inside
-                      backward, as soon as its gradient is complete, then freeing it;
-                      no global gradient-norm clipping) and no-optimizer (gradients
-                      dropped inside backward: the memory of the model alone)
+                      skewadam-bf16 and skewadam-8bit (SkewAdam with the backbone's
+                      momentum stored in bf16, or in 8 bits with a scale per 256),
+                      OPTIMIZER-in-backward for a library optimizer (skewadam-in-backward:
+                      SkewAdam stepping each parameter inside backward, as soon as its
+                      gradient is complete, then freeing it; no global gradient-norm
+                      clipping) and no-optimizer (gradients dropped inside backward: the
+                      memory of the model alone)
   --in-backward       every library optimizer of the list steps inside backward (as
                       OPTIMIZER-in-backward)
   --steps N           training steps per optimizer (default 800)
   --batch B           sequences per step (default 16)
   --context T         tokens per sequence (default 128)
   --lr LR             peak learning rate of every optimizer, 3 % linear warm-up
-                      then cosine to 0 (default 1e-3; the paper preset: 3e-4)
+                      then cosine to 0 (default 1e-3; the paper preset: 3e-4). 0: the
+                      optimizers step, but the weights and so the routing stay as
+                      initialised, as in the no-optimizer run: the peaks then differ by
+                      the optimizers' own memory alone
   --eval-every N      steps between validation evaluations (default 50)
   --eps E             eps of the library's rules, the floor under the second-moment
                       estimate (default 1e-30, as Adafactor's). The reference's 1e-8
@@ -216,8 +224,9 @@ inline std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-/// `text` as a finite number > 0; throws std::invalid_argument naming `what`.
-inline double positive_number(const std::string& text, const std::string& what) {
+/// `text` as a finite number, at least `least` (above it when `strict`);
+/// throws std::invalid_argument naming `what`.
+inline double number_at_least(const std::string& text, const std::string& what, double least, bool strict) {
   std::size_t used = 0;
   double x = 0;
   try {
@@ -225,9 +234,13 @@ inline double positive_number(const std::string& text, const std::string& what) 
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used != text.size() || !(x > 0) || !std::isfinite(x))
-    throw std::invalid_argument(what + ": expected a positive number");
+  if (used != text.size() || !std::isfinite(x) || x < least || (strict && x == least))
+    throw std::invalid_argument(what + (strict ? ": expected a positive number" : ": expected a number >= 0"));
   return x;
+}
+/// `text` as a finite number > 0; throws std::invalid_argument naming `what`.
+inline double positive_number(const std::string& text, const std::string& what) {
+  return number_at_least(text, what, 0.0, true);
 }
 
 /// Parses the command line; throws std::invalid_argument naming the option.
@@ -279,7 +292,10 @@ inline bool parse(int argc, char** argv, Settings& s) {
     else if (a == "--steps") s.steps = integer(i, a, 1);
     else if (a == "--batch") s.batch = integer(i, a, 1);
     else if (a == "--context") s.model.context = integer(i, a, 2);
-    else if (a == "--lr") s.lr = real(i, a);
+    else if (a == "--lr") {
+      const std::string v = value(i, a);
+      s.lr = number_at_least(v, a + " " + v, 0.0, false);
+    }
     else if (a == "--eps") s.eps = real(i, a);
     else if (a == "--eval-every") s.eval_every = integer(i, a, 1);
     else if (a == "--threads") s.threads = static_cast<int>(integer(i, a, 1));

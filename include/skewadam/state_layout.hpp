@@ -39,7 +39,7 @@ namespace skewadam {
 /// How a rule stores its first moment m (see the top of this file).
 enum class MomentumStorage : std::uint8_t {
   f32,          ///< one fp32 value per element
-  bf16,         ///< bf16, stochastically rounded (Bf16Momentum)
+  bfloat16,     ///< bf16, stochastically rounded (Bf16Momentum)
   int8_blocks,  ///< int8 codes and an fp32 scale per block (Int8BlockMomentum)
 };
 
@@ -51,7 +51,7 @@ inline constexpr index_t momentum_block = 256;
 /// 32-bit words of one block of n <= momentum_block elements.
 constexpr index_t momentum_block_words(MomentumStorage storage, index_t n) noexcept {
   switch (storage) {
-    case MomentumStorage::bf16: return (n + 1) / 2;
+    case MomentumStorage::bfloat16: return (n + 1) / 2;
     case MomentumStorage::int8_blocks: return n > 0 ? 1 + (n + 3) / 4 : 0;
     case MomentumStorage::f32: break;
   }
@@ -88,7 +88,7 @@ struct StateLayout {
 /// Named layouts of the paper's policies and baselines.
 namespace layouts {
 inline constexpr StateLayout backbone{true, true};    ///< momentum + factored
-inline constexpr StateLayout backbone_bf16{true, true, MomentumStorage::bf16};         ///< bf16 momentum + factored
+inline constexpr StateLayout backbone_bf16{true, true, MomentumStorage::bfloat16};         ///< bf16 momentum + factored
 inline constexpr StateLayout backbone_8bit{true, true, MomentumStorage::int8_blocks};  ///< 8-bit momentum + factored
 inline constexpr StateLayout experts{false, true};    ///< factored only
 inline constexpr StateLayout router{false, false};    ///< exact only

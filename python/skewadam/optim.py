@@ -469,6 +469,13 @@ def _variant(name, engine, doc):
 
 SkewAdam = _variant("SkewAdam", _skewadam.SkewAdamEngine,
                     "SkewAdam: backbone momentum + factored second moment, experts factored only, router exact.")
+SkewAdamBf16Momentum = _variant("SkewAdamBf16Momentum", _skewadam.SkewAdamBf16MomentumEngine,
+                                "SkewAdam with the backbone's momentum stored in bf16, stochastically rounded (half "
+                                "its bytes); param_state()['m'] holds its stored words, flat.")
+SkewAdam8bit = _variant("SkewAdam8bit", _skewadam.SkewAdam8bitEngine,
+                        "SkewAdam with the backbone's momentum stored in 8 bits, an fp32 scale per block of 256 "
+                        "elements (a little over a quarter of its bytes); param_state()['m'] holds its stored "
+                        "words, flat.")
 ExpertMomentumAblation = _variant("ExpertMomentumAblation", _skewadam.ExpertMomentumAblationEngine,
                                   "The paper's ablation: the experts keep momentum too.")
 FactoredRouterAblation = _variant("FactoredRouterAblation", _skewadam.FactoredRouterAblationEngine,

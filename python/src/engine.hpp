@@ -171,12 +171,13 @@ class Engine {
       const auto& p = s.params[i];
       const std::vector<std::int64_t>& sizes = sizes_.at(names[i]);
       const libtorch::detail::StateShapes shapes =
-          libtorch::detail::state_shapes(Shape(sizes.begin(), static_cast<index_t>(sizes.size()), names[i]));
+          libtorch::detail::state_shapes(Shape(sizes.begin(), static_cast<index_t>(sizes.size()), names[i]),
+                                         Tiers::layout(opt_.tier(names[i])));
       py::dict d;
       d["name"] = names[i];
       d["step"] = p.state.step;
       d["rounding_stream"] = p.rounding_stream;
-      d["m"] = tensor_of(p.state.m, shapes.full);
+      d["m"] = tensor_of(p.state.m, shapes.m);
       d["v"] = tensor_of(p.state.v, shapes.full);
       d["v_row"] = tensor_of(p.state.v_row, shapes.rows);
       d["v_col"] = tensor_of(p.state.v_col, shapes.cols);

@@ -13,7 +13,8 @@ from torch import nn
 import skewadam
 
 VARIANTS = [skewadam.SkewAdam, skewadam.AdamW, skewadam.AdafactorLike, skewadam.UniformAblation,
-            skewadam.ExpertMomentumAblation, skewadam.FactoredRouterAblation, skewadam.ExactExpertsAblation]
+            skewadam.ExpertMomentumAblation, skewadam.FactoredRouterAblation, skewadam.ExactExpertsAblation,
+            skewadam.SkewAdamBf16Momentum, skewadam.SkewAdam8bit]
 
 
 class TinyMoE(nn.Module):
@@ -130,6 +131,24 @@ def test_tiers_param_groups_and_state_bytes(device):
     assert opt.param_state("experts_up")["step"] == 1
 
 
+def test_backbone_momentum_in_bf16_and_8_bits_keeps_its_blocks_words(device):
+    model = TinyMoE(device=device)
+    full = skewadam.SkewAdam(TinyMoE(device=device).named_parameters(), lr=1e-2)
+    half = skewadam.SkewAdamBf16Momentum(TinyMoE(device=device).named_parameters(), lr=1e-2)
+    opt = skewadam.SkewAdam8bit(model.named_parameters(), lr=1e-2)
+    # the embedding [32, 16]: 512 elements, 2 blocks of 256 (a scale word and 64 words of codes each)
+    m = opt.param_state("embed.weight")["m"]
+    assert m.dtype == torch.float32 and m.shape == (2 * (1 + 64),)
+    assert half.param_state("embed.weight")["m"].shape == (256,)
+    d = 16
+    assert full.state_bytes("backbone") - half.state_bytes("backbone") == 2 * (32 * d + d * d + 3 * d)
+    assert opt.state_bytes("backbone") < half.state_bytes("backbone")
+    assert opt.state_bytes("experts") == full.state_bytes("experts")
+    train(model, opt, 2, device)
+    codes = m.cpu().view(torch.int8)
+    assert codes.abs().max() > 0  # the views are the optimizer's state: the steps changed them
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.__name__)
 def test_every_variant_trains(variant, device):
     model = TinyMoE(device=device)
@@ -202,7 +221,8 @@ def test_a_torch_lr_scheduler_drives_every_tier(device):
 
 # ----------------------------------------------------------- save / load
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("variant", [skewadam.SkewAdam, skewadam.AdamW], ids=lambda v: v.__name__)
+@pytest.mark.parametrize("variant", [skewadam.SkewAdam, skewadam.AdamW, skewadam.SkewAdam8bit],
+                         ids=lambda v: v.__name__)
 def test_save_and_load_mid_run_resumes_bit_for_bit(variant, dtype, device):
     model = TinyMoE(dtype=dtype, device=device)
     opt = variant(model.named_parameters(), lr=1e-2, weight_decay=0.05, seed=99)
@@ -403,7 +423,8 @@ def test_bad_input_raises_naming_the_argument():
 
 # ------------------------------------------------- the step inside backward
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("variant", [skewadam.SkewAdam, skewadam.AdamW], ids=lambda v: v.__name__)
+@pytest.mark.parametrize("variant", [skewadam.SkewAdam, skewadam.AdamW, skewadam.SkewAdam8bit],
+                         ids=lambda v: v.__name__)
 def test_the_step_inside_backward_gives_the_plain_steps_bits_and_frees_gradients(variant, dtype, device):
     def run(inside):
         model = TinyMoE(dtype=dtype, device=device)

@@ -539,6 +539,8 @@ TEST_CASE_TEMPLATE("contract: the step inside backward gives the whole step's bi
   in_backward_matches_whole_step<Config, AdafactorTiers>("AdafactorLike");
   in_backward_matches_whole_step<Config, ExactExpertsTiers>("ExactExpertsAblation");
   in_backward_matches_whole_step<Config, AdamWTiers>("AdamW");
+  in_backward_matches_whole_step<Config, SkewAdamBf16Tiers>("SkewAdam, bf16 momentum");
+  in_backward_matches_whole_step<Config, SkewAdam8bitTiers>("SkewAdam, 8-bit momentum");
 }
 
 TEST_CASE_TEMPLATE("contract: inside backward, a non-finite gradient skips its tensor alone and is reported", Config,

@@ -1,14 +1,20 @@
-// step() allocates nothing proportional to tensor size: scratch is
-// O(rows + cols) per tensor and is allocated when the tensor is registered.
-// Checked with a counting global operator new (this file replaces it for the
-// whole test executable; it only counts while a test switches it on).
+// step() allocates nothing proportional to tensor size once the step's
+// workspace (the row blocks' column partials, backend/cpu/cpu_backend.hpp)
+// has grown to the largest step's need, on the first step; what the backend
+// keeps besides the state is then that workspace and O(rows + cols) per
+// tensor, and a step inside backward, one tensor at a time, keeps only the
+// largest tensor's. Checked with a counting global operator new (this file
+// replaces it for the whole test executable; it only counts while a test
+// switches it on).
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <new>
+#include <string>
 #include <vector>
 
 #include <skewadam/skewadam.hpp>
@@ -98,20 +104,58 @@ TEST_CASE("step() allocates nothing proportional to tensor size") {
     opt.add("backbone.w", Tier::backbone, TensorView<bf16>(p3.data(), mat), TensorView<const float>(g3.data(), mat));
     opt.add("router", Tier::router, TensorView<float>(p4.data(), router), TensorView<const float>(g4.data(), router));
     opt.add("backbone.norm", Tier::backbone, TensorView<bf16>(p5.data(), vec), TensorView<const float>(g5.data(), vec));
-    const std::size_t smallest_tensor_bytes = 2 * static_cast<std::size_t>(router.numel());
     for (int step = 0; step < 3; ++step) {
       CAPTURE(step);
+      const index_t scratch_before = opt.scratch_bytes();
       const Counted c = count_allocations([&] { opt.step(); });
+      const auto workspace = static_cast<std::size_t>(opt.scratch_bytes() - scratch_before);
       CAPTURE(c.allocations);
       CAPTURE(c.bytes);
       CAPTURE(c.largest);
+      CAPTURE(workspace);
       // Per-step bookkeeping grows with the number of tensors and work units
-      // (a few kB here), never with their size.
-      CHECK(c.largest < 64 * 1024);
-      CHECK(c.bytes < 256 * 1024);
-      CHECK(c.largest * 8 < smallest_tensor_bytes);
-      if (step > 0) CHECK(c.allocations == 0);  // the lists are reused
+      // (a few kB here), never with their size; the first step also
+      // allocates the workspace, once, in one block: the column sums and
+      // D_j of the row blocks of each matrix cut into several (experts.big:
+      // 16 of 2048 columns, backbone.w: 4 of 1024), and the statistics of the
+      // experts, saved for the non-finite check (B (r + c) floats each).
+      const std::size_t want = 4 * (2 * 16 * 2048 + 2 * 4 * 1024 + (2048 + 2048) + 4 * (512 + 640));
+      CHECK(workspace == (step == 0 ? want : 0));
+      CHECK(c.bytes < 256 * 1024 + workspace);
+      CHECK(c.largest <= std::max<std::size_t>(64 * 1024, workspace));
+      if (step > 0) CHECK(c.allocations == 0);  // the lists and the workspace are reused
     }
   }
+}
+
+TEST_CASE("stepping inside backward, the backend keeps besides the state only the largest tensor's workspace") {
+  using namespace skewadam;
+  // Eight expert matrices of 1024 x 1024, each cut into 4 row blocks: a
+  // whole step's workspace holds all eight's column partials, a step of one
+  // tensor at a time one's.
+  const Shape shape{1024, 1024};
+  std::vector<std::vector<float>> p(8, std::vector<float>(shape.numel())), g(8, std::vector<float>(shape.numel(), 1e-3f));
+  SkewAdam inside(Hyperparameters{.lr = 1e-3}, OptimizerOptions{.threads = 1});
+  SkewAdam whole(Hyperparameters{.lr = 1e-3}, OptimizerOptions{.threads = 1});
+  std::vector<ParamId> ids;
+  for (std::size_t k = 0; k < p.size(); ++k) {
+    const std::string name = "experts." + std::to_string(k);
+    ids.push_back(inside.add(name, Tier::experts, TensorView<float>(p[k].data(), shape),
+                             TensorView<const float>(g[k].data(), shape)));
+    whole.add(name, Tier::experts, TensorView<float>(p[k].data(), shape), TensorView<const float>(g[k].data(), shape));
+  }
+  const index_t before = inside.scratch_bytes();
+  REQUIRE(before == whole.scratch_bytes());
+  for (int step = 0; step < 2; ++step) {
+    for (ParamId id : ids) inside.step(id);
+    inside.finish_step();
+    whole.step();
+  }
+  // one tensor: 4 row blocks' c column sums and c terms D_j, and its
+  // statistics saved for the non-finite check
+  const index_t one = 4 * (2 * 4 * 1024 + 2 * 1024);
+  CHECK(inside.scratch_bytes() - before == one);
+  CHECK(whole.scratch_bytes() - before == 8 * one);
+  CHECK(before < 64 * 1024);  // the rest: O(tensors + threads x columns), a few tens of kB
 }
 #endif  // SKEWADAM_TEST_UNDER_TSAN

@@ -34,6 +34,7 @@
 #include <skewadam/skewadam.hpp>
 
 #include "cpu_archs.hpp"
+#include "stored_momentum_fixture.hpp"
 
 namespace test_stored_momentum {
 
@@ -41,176 +42,7 @@ namespace {
 
 using namespace skewadam;
 
-/// Every tier keeps the stored momentum P: the backbone's rule, the experts'
-/// bank under the factored rule with it, the router's element-wise rule
-/// with it.
-template <class P>
-using AllStored = TierRules<BackboneRule::with_momentum<P>, ExpertRule::with_momentum<P>,
-                            RouterRule::with_momentum<P>>;
-
-struct Spec {
-  std::string name;
-  Tier tier;
-  Shape shape;
-  Dtype param;
-};
-
-std::vector<Spec> specs() {
-  return {
-      {"backbone.w", Tier::backbone, Shape{513, 257}, Dtype::bf16},      // blocks span rows
-      {"backbone.blocks", Tier::backbone, Shape{1100, 300}, Dtype::f32}, // 2 row blocks, cut at row 512
-      {"backbone.norm", Tier::backbone, Shape{1000}, Dtype::bf16},       // rank 1: element-wise
-      {"backbone.small", Tier::backbone, Shape{7, 5}, Dtype::f32},       // one short block
-      {"bank", Tier::experts, Shape{4, 96, 70}, Dtype::bf16},            // matrices end inside a block
-      {"router", Tier::router, Shape{300, 500}, Dtype::f32},             // 3 element-wise chunks
-  };
-}
-
-std::uint64_t mix(std::uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  return x;
-}
-
-/// Gradient of element i at a step: mostly O(1e-2), with a few larger
-/// values so that blocks' scales differ, and row 3 zero. It does not depend
-/// on the parameters, so the momentum is a function of the gradients alone.
-float grad_value(index_t i, index_t cols, int step, std::uint64_t salt) {
-  if (i / cols == 3) return 0.0f;
-  const std::uint64_t h = mix(static_cast<std::uint64_t>(i) * 31 + salt + 977 * static_cast<std::uint64_t>(step));
-  const float u = static_cast<float>(h >> 40) * 0x1p-24f - 0.5f;
-  return u * ((h & 63) == 0 ? 0.5f : 0.02f);
-}
-
-struct Tensor {
-  Spec spec;
-  std::vector<float> p32, g;
-  std::vector<bf16> pb;
-
-  explicit Tensor(const Spec& s) : spec(s) {
-    const auto n = static_cast<std::size_t>(s.shape.numel());
-    for (std::size_t i = 0; i < n; ++i) {
-      const float x = static_cast<float>(mix(i + 12345) >> 40) * 0x1p-24f - 0.5f;
-      if (s.param == Dtype::f32) p32.push_back(x);
-      else pb.push_back(bf16(x));
-    }
-    g.resize(n);
-  }
-  void set_grad(int step, std::uint64_t salt) {
-    const index_t cols = spec.shape.matrices().cols;
-    for (std::size_t i = 0; i < g.size(); ++i) g[i] = grad_value(static_cast<index_t>(i), cols, step, salt);
-  }
-  ParamView param() {
-    if (spec.param == Dtype::f32) return TensorView<float>(p32.data(), spec.shape);
-    return TensorView<bf16>(pb.data(), spec.shape);
-  }
-  GradView grad() const { return TensorView<const float>(g.data(), spec.shape); }
-  float value(std::size_t i) const { return spec.param == Dtype::f32 ? p32[i] : to_float(pb[i]); }
-  std::vector<unsigned char> bytes() const {
-    const void* d = spec.param == Dtype::f32 ? static_cast<const void*>(p32.data()) : static_cast<const void*>(pb.data());
-    std::vector<unsigned char> out(static_cast<std::size_t>(spec.shape.numel() * dtype_size(spec.param)));
-    std::memcpy(out.data(), d, out.size());
-    return out;
-  }
-};
-
-struct Result {
-  std::vector<std::vector<unsigned char>> params;
-  std::vector<std::vector<float>> m;
-};
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
-
-Hyperparameters hyper() { return Hyperparameters{.lr = 1e-2, .weight_decay = 0.05}; }
-
-/// A model of specs() and an optimizer `Opt` over it.
-template <class Opt>
-struct Run {
-  std::unique_ptr<Opt> opt;
-  std::vector<Tensor> ts;
-  std::vector<ParamId> ids;
-  template <class... Args>
-  explicit Run(Args&&... args) : opt(std::make_unique<Opt>(std::forward<Args>(args)...)) {
-    for (const Spec& s : specs()) ts.emplace_back(s);
-    for (Tensor& t : ts) ids.push_back(opt->add(t.spec.name, t.spec.tier, t.param()));
-  }
-  void steps(int from, int to) {
-    for (int step = from; step < to; ++step) {
-      for (std::size_t k = 0; k < ts.size(); ++k) {
-        ts[k].set_grad(step, k);
-        opt->set_grad(ids[k], ts[k].grad());
-      }
-      opt->step();
-      REQUIRE(opt->last_step().applied);
-    }
-  }
-  /// Parameters and the complete m (collective for a sharded optimizer).
-  Result result() const {
-    Result r;
-    const OptimizerState s = opt->export_state();
-    for (std::size_t k = 0; k < ts.size(); ++k) {
-      r.params.push_back(ts[k].bytes());
-      r.m.push_back(s.params[k].state.m);
-    }
-    return r;
-  }
-};
-
-template <class Tiers, class Backend = backend::DefaultBackend>
-using Local = Run<Optimizer<Tiers, Backend>>;
-template <class Tiers, class Backend = backend::DefaultBackend>
-std::unique_ptr<Local<Tiers, Backend>> local(int threads) {
-  return std::make_unique<Local<Tiers, Backend>>(hyper(), OptimizerOptions{.seed = 42, .threads = threads});
-}
-
-void check_same(const Result& a, const Result& b, bool params = true) {
-  const auto sp = specs();
-  for (std::size_t k = 0; k < sp.size(); ++k) {
-    CAPTURE(sp[k].name);
-    if (params) CHECK(a.params[k] == b.params[k]);
-    CHECK(same_bits(a.m[k], b.m[k]));
-  }
-}
-
-/// The stored momentum of P, decoded: each element's value and the step of
-/// its block (int8: the scale; bf16: 0).
-template <class P>
-struct Decoded {
-  std::vector<float> value, step;
-};
-template <class P>
-Decoded<P> decode(const std::vector<float>& words, const Shape& shape) {
-  const MatrixGeometry g = shape.matrices();
-  const index_t mat = g.matrix_size();
-  Decoded<P> d;
-  REQUIRE(static_cast<index_t>(words.size()) == momentum_words(StateLayout{true, false, P::storage}, g));
-  for (index_t b = 0; b < g.batch; ++b)
-    for (index_t e = 0; e < mat; ++e) {
-      const float* blk = words.data() + momentum_word_at(P::storage, mat, b, e);
-      const index_t r = e % momentum_block;
-      if constexpr (P::storage == MomentumStorage::bf16) {
-        std::uint16_t h;
-        std::memcpy(&h, reinterpret_cast<const unsigned char*>(blk) + 2 * r, 2);
-        d.value.push_back(to_float(from_bits<bf16>(h)));
-        d.step.push_back(0.0f);
-      } else {
-        const auto q = static_cast<float>(reinterpret_cast<const std::int8_t*>(blk + 1)[r]);
-        d.value.push_back(P::value(q, blk[0]));
-        d.step.push_back(blk[0]);
-      }
-    }
-  return d;
-}
-
-/// The two bf16 values next to x (equal when x is one).
-std::pair<float, float> bf16_neighbours(float x) {
-  const bf16 lo = StochasticRounding::store<bf16>(x, 0u);        // truncated toward zero
-  const bf16 hi = StochasticRounding::store<bf16>(x, 0xffffu);   // away from zero, unless exact
-  return {to_float(lo), to_float(hi)};
-}
+using namespace skewadam::test::stored;
 
 }  // namespace
 
@@ -241,13 +73,7 @@ TEST_CASE_TEMPLATE_DEFINE("stored momentum: every CPU architecture stores the sc
     const auto sp = specs();
     for (std::size_t k = 0; k < sp.size(); ++k) {
       CAPTURE(sp[k].name);
-      const float rel = sp[k].param == Dtype::f32 ? 1e-4f : 0x1p-6f;
-      bool close = true;
-      for (std::size_t i = 0; i < scalar->ts[k].g.size(); ++i) {
-        const float x = scalar->ts[k].value(i), y = simd->ts[k].value(i);
-        close = close && std::fabs(x - y) <= rel * std::fabs(x) + 1e-6f;
-      }
-      CHECK(close);
+      CHECK(params_agree(scalar->ts[k], simd->ts[k], 3, static_cast<float>(hyper().lr)));
     }
   };
   check.template operator()<Bf16Momentum>();
@@ -278,7 +104,7 @@ TEST_CASE_TEMPLATE("stored momentum: every stored value is one of the two its en
       std::vector<float> mp(n);
       for (std::size_t i = 0; i < n; ++i) mp[i] = P::update(before[k][i], run->ts[k].g[i], s);
       bool allowed = true;
-      if constexpr (P::storage == MomentumStorage::bf16) {
+      if constexpr (P::storage == MomentumStorage::bfloat16) {
         for (std::size_t i = 0; i < n; ++i) {
           const auto [lo, hi] = bf16_neighbours(mp[i]);
           allowed = allowed && (now.value[i] == lo || now.value[i] == hi);
@@ -330,7 +156,7 @@ TEST_CASE_TEMPLATE("stored momentum: within the stated bound of the fp32 recursi
       bool within = true;
       for (std::size_t i = 0; i < m.value.size(); ++i) {
         m32[k][i] = beta1 * m32[k][i] + (1.0f - beta1) * run->ts[k].g[i];
-        const float unit = P::storage == MomentumStorage::bf16 ? 0x1p-7f * std::fabs(m.value[i]) : m.step[i];
+        const float unit = P::storage == MomentumStorage::bfloat16 ? 0x1p-7f * std::fabs(m.value[i]) : m.step[i];
         bound[k][i] = beta1 * bound[k][i] + unit * (1.0f + 0x1p-7f);
         const float err = m.value[i] - m32[k][i];
         within = within && std::fabs(err) <= bound[k][i] * 1.0001f + 1e-6f * std::fabs(m32[k][i]);
@@ -380,7 +206,7 @@ TEST_CASE("stored momentum: state bytes are the layout's, and the planner's") {
   CHECK(run8->opt->state_bytes(Tier::backbone) == b8);
   CHECK(run16->opt->state_bytes(Tier::backbone) == b16);
   CHECK(SkewAdam8bitTiers::layout(Tier::backbone).storage == MomentumStorage::int8_blocks);
-  CHECK(SkewAdamBf16Tiers::layout(Tier::backbone).storage == MomentumStorage::bf16);
+  CHECK(SkewAdamBf16Tiers::layout(Tier::backbone).storage == MomentumStorage::bfloat16);
   const StateLayout l8 = SkewAdam8bitTiers::layout(Tier::backbone);
   const StateLayout l16 = SkewAdamBf16Tiers::layout(Tier::backbone);
   // a 4096 x 4096 matrix: 65,536 blocks of 256 codes and a scale; bf16 half of fp32
@@ -491,15 +317,8 @@ TEST_CASE_TEMPLATE("stored momentum: sharded at 1 and 3 ranks keeps one process'
     for (std::size_t k = 0; k < sp.size(); ++k) {
       CAPTURE(sp[k].name);
       CHECK(results[static_cast<std::size_t>(r)].params[k] == results[0].params[k]);  // every rank has them all
-      const Tensor& a = single->ts[k];
-      Tensor b(sp[k]);
-      std::memcpy(sp[k].param == Dtype::f32 ? static_cast<void*>(b.p32.data()) : static_cast<void*>(b.pb.data()),
-                  results[static_cast<std::size_t>(r)].params[k].data(), results[0].params[k].size());
-      const float rel = sp[k].param == Dtype::f32 ? 1e-4f : 0x1p-6f;
-      bool close = true;
-      for (std::size_t i = 0; i < a.g.size(); ++i)
-        close = close && std::fabs(a.value(i) - b.value(i)) <= rel * std::fabs(a.value(i)) + 1e-6f;
-      CHECK(close);
+      const Tensor b = Tensor::of(sp[k], results[static_cast<std::size_t>(r)].params[k]);
+      CHECK(params_agree(single->ts[k], b, 3, static_cast<float>(hyper().lr)));
     }
   }
   CHECK(!checkpoints[0].empty());  // written by rank 0 alone

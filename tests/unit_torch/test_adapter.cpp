@@ -135,7 +135,8 @@ void check_matches_core(bool clip) {
 }  // namespace
 
 TEST_CASE_TEMPLATE("the adapter updates tensors bit for bit as the library does", Tiers, skewadam::SkewAdamTiers,
-                   skewadam::UniformTiers, skewadam::AdafactorTiers, skewadam::AdamWTiers) {
+                   skewadam::UniformTiers, skewadam::AdafactorTiers, skewadam::AdamWTiers,
+                   skewadam::SkewAdamBf16Tiers, skewadam::SkewAdam8bitTiers) {
   SUBCASE("without gradient clipping") { check_matches_core<Tiers>(false); }
   SUBCASE("with global gradient-norm clipping") { check_matches_core<Tiers>(true); }
 }

@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -123,6 +124,24 @@ TEST_CASE("demo report: the summary supports a half only when the run's figures 
   }
 }
 
+TEST_CASE("demo report: bf16 and 8-bit momentum against fp32, judged by the seeds' spread") {
+  Runs r;
+  r.s.tune = false;
+  r.s.optimizers = {"skewadam", "skewadam-bf16", "skewadam-8bit"};
+  r.add("skewadam", 1.0, 5.0, 0.1, 1e6);
+  r.add("skewadam-bf16", 1.0, 5.05, 0.1, 7e5);
+  r.add("skewadam-8bit", 1.0, 5.5, 0.1, 4e5);
+  const std::string text = moe_lm::momentum_storage_claim(moe_lm::table_rows(r.s, r.results));
+  DOCTEST_CHECK(text.find("SkewAdam, bf16 momentum: 5.050 ± 0.100, state 0.700 MB, against fp32 momentum 5.000 ± "
+                          "0.100, 1.000 MB: higher by 0.050, within one sd (0.100)") != std::string::npos);
+  DOCTEST_CHECK(text.find("SkewAdam, 8-bit momentum: 5.500 ± 0.100, state 0.400 MB, against fp32 momentum 5.000 ± "
+                          "0.100, 1.000 MB: higher by 0.500, more than one sd (0.100)") != std::string::npos);
+  Runs none;  // without fp32 momentum, nothing to compare
+  none.s.optimizers = {"skewadam-8bit"};
+  none.add("skewadam-8bit", 1.0, 5.5, 0.1, 4e5);
+  DOCTEST_CHECK(moe_lm::momentum_storage_claim(moe_lm::table_rows(none.s, none.results)).empty());
+}
+
 TEST_CASE("demo settings: --tune-factors takes each factor once, and always the default lr") {
   moe_lm::Settings s;
   const char* argv[] = {"moe_lm", "--tune-factors", "2,0.5,2"};
@@ -148,6 +167,25 @@ TEST_CASE("demo settings: --in-backward names each library optimizer's in-backwa
   const char* adamw[] = {"moe_lm", "--optimizers", "adamw-in-backward"};
   DOCTEST_CHECK_THROWS_WITH_AS(moe_lm::parse(3, const_cast<char**>(adamw), bad),
                                doctest::Contains("unknown optimizer 'adamw-in-backward'"), std::invalid_argument);
+}
+
+TEST_CASE("demo settings: the momentum variants, and --lr 0") {
+  moe_lm::Settings s;
+  const char* argv[] = {"moe_lm", "--optimizers", "skewadam,skewadam-bf16,skewadam-8bit", "--in-backward", "--lr", "0"};
+  DOCTEST_REQUIRE(moe_lm::parse(6, const_cast<char**>(argv), s));
+  DOCTEST_CHECK(s.optimizers == std::vector<std::string>{"skewadam-in-backward", "skewadam-bf16-in-backward",
+                                                         "skewadam-8bit-in-backward"});
+  DOCTEST_CHECK(s.lr == 0.0);
+  DOCTEST_CHECK(moe_lm::display_name("skewadam-8bit-in-backward") == "SkewAdam, 8-bit momentum, step in backward");
+  moe_lm::Settings bad;
+  const char* negative[] = {"moe_lm", "--lr", "-1e-3"};
+  DOCTEST_CHECK_THROWS_WITH_AS(moe_lm::parse(3, const_cast<char**>(negative), bad),
+                               doctest::Contains("--lr -1e-3: expected a number >= 0"), std::invalid_argument);
+  // the paper preset trains SkewAdam with 8-bit momentum inside backward
+  moe_lm::Settings paper;
+  const char* preset[] = {"moe_lm", "--preset", "paper"};
+  DOCTEST_REQUIRE(moe_lm::parse(3, const_cast<char**>(preset), paper));
+  DOCTEST_CHECK(std::count(paper.optimizers.begin(), paper.optimizers.end(), "skewadam-8bit-in-backward") == 1);
 }
 
 TEST_CASE("demo memory: a run's need holds every gradient, or with the step inside backward the largest") {

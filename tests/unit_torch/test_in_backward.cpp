@@ -34,7 +34,8 @@ torch::Tensor loss_with_grads(const Named& ps, const std::vector<torch::Tensor>&
 }  // namespace
 
 TEST_CASE_TEMPLATE("the step inside backward gives the plain step's bits and frees each gradient", Tiers,
-                   skewadam::SkewAdamTiers, skewadam::AdamWTiers, skewadam::AdafactorTiers) {
+                   skewadam::SkewAdamTiers, skewadam::AdamWTiers, skewadam::AdafactorTiers,
+                   skewadam::SkewAdam8bitTiers) {
   Named a = leaf_params();
   Named b = clone(a);
   for (auto& [name, t] : b) t.requires_grad_(true);

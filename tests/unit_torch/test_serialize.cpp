@@ -131,7 +131,8 @@ TEST_CASE("a checkpoint moves from the test device to the CPU and back, state bi
 
 TEST_CASE_TEMPLATE("save, load and resume bit for bit (fp32 and bf16 with stochastic rounding)", Opt,
                    skewadam::libtorch::SkewAdam, skewadam::libtorch::UniformAblation,
-                   skewadam::libtorch::AdafactorLike, skewadam::libtorch::AdamW) {
+                   skewadam::libtorch::AdafactorLike, skewadam::libtorch::AdamW,
+                   skewadam::libtorch::SkewAdamBf16Momentum, skewadam::libtorch::SkewAdam8bit) {
   SUBCASE("into a fresh optimizer") { check_resume<Opt>(4, 9, false); }
   SUBCASE("into an optimizer that has already stepped") { check_resume<Opt>(5, 8, true); }
   SUBCASE("at step 0") { check_resume<Opt>(0, 3, false); }

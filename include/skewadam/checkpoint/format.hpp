@@ -289,7 +289,7 @@ inline std::uint8_t momentum_code(StateLayout layout) noexcept {
   if (!layout.momentum) return 0;
   switch (layout.storage) {
     case MomentumStorage::int8_blocks: return 2;
-    case MomentumStorage::bf16: return 3;
+    case MomentumStorage::bfloat16: return 3;
     case MomentumStorage::f32: break;
   }
   return 1;
@@ -343,7 +343,7 @@ inline std::uint64_t decode_optimizer(const std::vector<unsigned char>& payload,
     if (mom > 3 || fac > 1) throw corrupt(where, "tier '" + ti.name + "': malformed state layout");
     ti.layout = StateLayout{mom >= 1, fac == 1,
                             mom == 2   ? MomentumStorage::int8_blocks
-                            : mom == 3 ? MomentumStorage::bf16
+                            : mom == 3 ? MomentumStorage::bfloat16
                                        : MomentumStorage::f32};
     ti.rule = d.str();
     Hyperparameters& h = ti.hyperparameters;

@@ -1,5 +1,5 @@
 #pragma once
-// Bf16Momentum: FullMomentum's first moment stored in bf16 (docs/spec.md §3.3).
+// Bf16Momentum: FullMomentum's first moment stored in bf16 (docs/spec.md §5, E7).
 //
 //   m' = beta1 m + (1 - beta1) g            (m: the stored value, decoded)
 //   stored: m' rounded to bf16 stochastically (StochasticRounding's rule)
@@ -23,7 +23,7 @@
 namespace skewadam {
 
 struct Bf16Momentum : StoredMomentum {
-  static constexpr MomentumStorage storage = MomentumStorage::bf16;
+  static constexpr MomentumStorage storage = MomentumStorage::bfloat16;
 
   /// The stored value of m' = x, with its 16 random bits.
   SKEWADAM_HD static bf16 encode(float x, std::uint32_t random_bits) {

@@ -1,6 +1,6 @@
 #pragma once
 // Int8BlockMomentum: FullMomentum's first moment in 8 bits per element, with
-// an fp32 scale per block of 256 elements (docs/spec.md §3.3).
+// an fp32 scale per block of 256 elements (docs/spec.md §5, E7).
 //
 //   m' = beta1 m + (1 - beta1) g            (m: the stored value, decoded)
 //   a  = max |m'| over the block            s = a / 127,  i = 127 / a

@@ -326,20 +326,22 @@ inline GradView grad_view(const at::Tensor& g, Dtype d, const Shape& s) {
 /// A float tensor viewing `span` (no copy) on `device`, or an undefined tensor.
 inline at::Tensor view_of(std::span<const float> span, std::vector<std::int64_t> sizes, at::Device device) {
   if (span.empty()) return {};
-  std::int64_t n = 1;
-  for (std::int64_t d : sizes) n *= d;
-  // an array stored in words of its own (Int8BlockMomentum's m) is viewed flat
-  if (n != static_cast<std::int64_t>(span.size())) sizes = {static_cast<std::int64_t>(span.size())};
   return at::from_blob(const_cast<float*>(span.data()), sizes, at::TensorOptions().dtype(at::kFloat).device(device));
 }
 
 /// Logical shapes of the state arrays of a parameter of `shape`.
 struct StateShapes {
-  std::vector<std::int64_t> full, rows, cols;
+  std::vector<std::int64_t> m, full, rows, cols;
 };
-inline StateShapes state_shapes(const Shape& shape) {
+/// The logical shapes of a parameter's state arrays under its rule's
+/// layout: those of the checkpoint format (a momentum stored in fewer bits
+/// is its words, flat: state_layout.hpp).
+inline StateShapes state_shapes(const Shape& shape, StateLayout layout) {
   StateShapes s;
   s.full.assign(shape.begin(), shape.end());
+  s.m = s.full;
+  if (layout.momentum && layout.storage != MomentumStorage::f32)
+    s.m = {static_cast<std::int64_t>(momentum_words(layout, shape.matrices()))};
   const MatrixGeometry g = shape.matrices();
   if (shape.rank() >= 2) {
     s.rows.assign(shape.begin(), shape.end() - 1);                    // [..., r]
@@ -892,12 +894,12 @@ class Optimizer : public ::torch::optim::Optimizer {
     const bool flat = sharded();
     for (Param& p : params_) {
       const ParamStateView live = core_->state(p.id);
-      const detail::StateShapes shapes = detail::state_shapes(p.shape);
+      const detail::StateShapes shapes = detail::state_shapes(p.shape, Tiers::layout(p.tier));
       const auto sizes = [&](std::span<const float> s, const std::vector<std::int64_t>& logical) {
         return flat ? std::vector<std::int64_t>{static_cast<std::int64_t>(s.size())} : logical;
       };
       p.state->step = live.step;
-      p.state->m = detail::view_of(live.m, sizes(live.m, shapes.full), device_);
+      p.state->m = detail::view_of(live.m, sizes(live.m, shapes.m), device_);
       p.state->v = detail::view_of(live.v, sizes(live.v, shapes.full), device_);
       p.state->v_row = detail::view_of(live.v_row, sizes(live.v_row, shapes.rows), device_);
       p.state->v_col = detail::view_of(live.v_col, sizes(live.v_col, shapes.cols), device_);
@@ -929,6 +931,8 @@ class Optimizer : public ::torch::optim::Optimizer {
 
 // ----------------------------------------------------------------- variants
 using SkewAdam = Optimizer<SkewAdamTiers>;
+using SkewAdamBf16Momentum = Optimizer<SkewAdamBf16Tiers>;  ///< the backbone's momentum in bf16
+using SkewAdam8bit = Optimizer<SkewAdam8bitTiers>;          ///< the backbone's momentum in 8 bits
 using ExpertMomentumAblation = Optimizer<ExpertMomentumTiers>;
 using FactoredRouterAblation = Optimizer<FactoredRouterTiers>;
 using UniformAblation = Optimizer<UniformTiers>;

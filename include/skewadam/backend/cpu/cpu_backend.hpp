@@ -173,7 +173,7 @@ class CpuBackend {
     }
     // a tensor is restorable when its statistics pass writes only R and C
     e.restorable = e.factored && e.state.m.empty() && !specs.empty();
-    if (e.restorable) e.backup.assign(e.state.v_row.size() + e.state.v_col.size(), 0.0f);
+    if (e.restorable) e.backup_floats = static_cast<index_t>(e.state.v_row.size() + e.state.v_col.size());
     index_t elem_at = 0, row_at = 0, col_at = 0, m_at = 0;
     for (const PieceSpec& spec : specs) {
       Piece p;
@@ -197,8 +197,7 @@ class CpuBackend {
         col_at += spec.geom.batch * spec.geom.cols;
         t.row_blocks = Cutting::row_blocks(spec.geom);
         if (stored) t.row_align = momentum_block / std::gcd(spec.geom.cols, momentum_block);
-        p.col_partial.assign(static_cast<std::size_t>(Cutting::partial_floats(spec.geom, spec.cut)), 0.0f);
-        p.d_partial.assign(p.col_partial.size(), 0.0f);
+        p.partial_floats = Cutting::partial_floats(spec.geom, spec.cut);
       } else {
         t.chunks_per_matrix = Cutting::chunks_per_matrix(spec.geom);
         p.unit_sum.assign(B * static_cast<std::size_t>(t.chunks_per_matrix), 0.0);
@@ -266,13 +265,11 @@ class CpuBackend {
   }
   index_t state_bytes(std::size_t i) const noexcept { return tensors_[i].state.bytes(); }
   index_t scratch_bytes() const noexcept {
-    std::size_t b = scratch_.bytes() + 8 * (clip_sums_.size() + cut_sums_.size()) + 4 * divisors_.size();
-    for (const Tensor& e : tensors_) {
-      b += 4 * e.backup.size();
+    std::size_t b = scratch_.bytes() + 8 * (clip_sums_.size() + cut_sums_.size()) + 4 * divisors_.size() +
+                    4 * workspace_.size();
+    for (const Tensor& e : tensors_)
       for (const Piece& p : e.pieces)
-        b += 4 * (p.col_partial.size() + p.d_partial.size()) + 8 * (p.unit_sum.size() + p.scan.size()) +
-             sizeof(MatrixScratch) * p.matrices.size();
-    }
+        b += 8 * (p.unit_sum.size() + p.scan.size()) + sizeof(MatrixScratch) * p.matrices.size();
     return static_cast<index_t>(b);
   }
 
@@ -281,6 +278,7 @@ class CpuBackend {
     settings_ = settings;
     stepped_.clear();
     tasks_.clear();
+    place_workspace(items);
     for (const StepItem& it : items) {
       Tensor& e = tensors_[static_cast<std::size_t>(it.index)];
       stepped_.push_back(Stepped{static_cast<std::size_t>(it.index), &it});
@@ -357,9 +355,9 @@ class CpuBackend {
     for (const Stepped& s : stepped_) {
       Tensor& e = tensors_[s.index];
       if (!e.restorable) continue;
-      const auto split = e.backup.begin() + static_cast<std::ptrdiff_t>(e.state.v_row.size());
-      std::copy(e.backup.begin(), split, e.state.v_row.begin());
-      std::copy(split, e.backup.end(), e.state.v_col.begin());
+      float* split = e.backup + e.state.v_row.size();
+      std::copy(e.backup, split, e.state.v_row.begin());
+      std::copy(split, split + e.state.v_col.size(), e.state.v_col.begin());
     }
   }
 
@@ -438,7 +436,7 @@ class CpuBackend {
     PieceSpec spec;
     TensorTask task;  ///< its state and scratch pointers; the step's fields are set by prepare() and begin()
     std::vector<MatrixScratch> matrices;
-    std::vector<float> col_partial, d_partial;
+    index_t partial_floats = 0;  ///< of the step's workspace, for its row blocks' column sums and again for D_j
     std::vector<double> unit_sum;
     std::vector<double> scan;  ///< per chunk: first offending offset, or -1
     index_t elem_at = 0, row_at = 0, col_at = 0;  ///< into the tensor's share
@@ -453,7 +451,8 @@ class CpuBackend {
     bool restorable = false;
     float limit = 0;
     ParamState state;           ///< this process's share; its step stays 0
-    std::vector<float> backup;  ///< restorable: v_row then v_col, before the step
+    index_t backup_floats = 0;  ///< restorable: v_row and v_col, saved before the step
+    float* backup = nullptr;    ///< where in the step's workspace
     std::vector<Piece> pieces;
     index_t matrices() const noexcept {
       index_t n = 0;
@@ -488,16 +487,39 @@ class CpuBackend {
       t.v_row = at(e.state.v_row, p.row_at);
       t.v_col = at(e.state.v_col, p.col_at);
       t.matrices = p.matrices.data();
-      t.col_partial = p.col_partial.empty() ? nullptr : p.col_partial.data();
-      t.d_partial = p.d_partial.empty() ? nullptr : p.d_partial.data();
+      t.col_partial = t.d_partial = nullptr;  // the step's workspace (place_workspace)
       t.unit_sum = p.unit_sum.empty() ? nullptr : p.unit_sum.data();
     }
   }
 
   void save_statistics(Tensor& e) {
-    std::copy(e.state.v_row.begin(), e.state.v_row.end(), e.backup.begin());
-    std::copy(e.state.v_col.begin(), e.state.v_col.end(),
-              e.backup.begin() + static_cast<std::ptrdiff_t>(e.state.v_row.size()));
+    std::copy(e.state.v_row.begin(), e.state.v_row.end(), e.backup);
+    std::copy(e.state.v_col.begin(), e.state.v_col.end(), e.backup + e.state.v_row.size());
+  }
+
+  /// Points the stepped pieces' column partials and the restorable tensors'
+  /// backups into the step's workspace, which grows to the largest step's
+  /// need: a step of one tensor (inside backward) needs that tensor's alone,
+  /// so what the backend keeps besides the state stays small.
+  void place_workspace(std::span<const StepItem> items) {
+    std::size_t need = 0;
+    for (const StepItem& it : items) {
+      const Tensor& e = tensors_[static_cast<std::size_t>(it.index)];
+      need += static_cast<std::size_t>(e.backup_floats);
+      for (const Piece& p : e.pieces) need += 2 * static_cast<std::size_t>(p.partial_floats);
+    }
+    if (need > workspace_.size()) std::vector<float>(need).swap(workspace_);  // exactly this size
+    float* at = workspace_.data();
+    for (const StepItem& it : items) {
+      Tensor& e = tensors_[static_cast<std::size_t>(it.index)];
+      e.backup = e.backup_floats > 0 ? at : nullptr;
+      at += e.backup_floats;
+      for (Piece& p : e.pieces) {
+        p.task.col_partial = p.partial_floats > 0 ? at : nullptr;
+        p.task.d_partial = p.partial_floats > 0 ? at + p.partial_floats : nullptr;
+        at += 2 * p.partial_floats;
+      }
+    }
   }
 
   /// A task that scans piece p's gradient, chunk by chunk, into p.scan.
@@ -671,6 +693,7 @@ class CpuBackend {
   std::vector<double> clip_sums_;  ///< per matrix of every piece
   std::vector<float> divisors_;
   std::vector<double> cut_sums_;   ///< per cut piece: c column sums, the sum of R_i
+  std::vector<float> workspace_;   ///< the step's column partials and backups (place_workspace)
   // the step (reused; they grow with the number of tensors, never with their size)
   StepSettings settings_{};
   std::vector<Stepped> stepped_;

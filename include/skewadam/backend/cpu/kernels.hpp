@@ -104,7 +104,7 @@ struct Kernels {
   /// decoded (momentum_at).
   static constexpr MomentumStorage storage = M::has_state ? momentum_storage_v<M> : MomentumStorage::f32;
   static constexpr bool stored = storage != MomentumStorage::f32;
-  static_assert(storage == MomentumStorage::f32 || storage == MomentumStorage::bf16 ||
+  static_assert(storage == MomentumStorage::f32 || storage == MomentumStorage::bfloat16 ||
                     storage == MomentumStorage::int8_blocks,
                 "skewadam CPU backend: unknown momentum storage");
   /// Words of a whole int8 block: its scale, then its codes.
@@ -164,7 +164,7 @@ struct Kernels {
     } else {
       index_t b, e;
       locate(x, off, b, e);
-      if constexpr (storage == MomentumStorage::bf16) {
+      if constexpr (storage == MomentumStorage::bfloat16) {
         return load_as<W>(bf16_of(x, b) + e);
       } else {
         const index_t k = e / momentum_block;
@@ -246,7 +246,7 @@ struct Kernels {
         for_lanes<V>(0, n, [&]<class W>(index_t j) {
           store_f32(buf + j, M::update(momentum_at<W>(x, off + j), grad_at<W>(x, off + j), x.s));
         });
-        if constexpr (storage == MomentumStorage::bf16) {
+        if constexpr (storage == MomentumStorage::bfloat16) {
           bf16* q = bf16_of(x, b) + start;
           for_lanes<V>(0, n, [&]<class W>(index_t j) {
             store_param<StochasticRounding>(q + j, load_as<W>(buf + j), element + j, rng);

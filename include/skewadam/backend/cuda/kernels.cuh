@@ -354,7 +354,7 @@ struct Math {
     } else {
       const index_t e = o - b * t.geom.matrix_size();
       const float* w = momentum_of(t, b);
-      if constexpr (storage == MomentumStorage::bf16) {
+      if constexpr (storage == MomentumStorage::bfloat16) {
         return M::decode(reinterpret_cast<const bf16*>(w)[e]);
       } else {
         const float* blk = w + e / momentum_block * int8_block_words;
@@ -527,7 +527,7 @@ struct Math {
         detail::Quad<double> acc = detail::load_quad(colp + j);
         for (int l = 0; l < 4; ++l) acc.v[l] += static_cast<double>(cs.v[l]);
         detail::store_quad(colp + j, acc);
-        if constexpr (M::has_state)
+        if constexpr (M::has_state && !stored)
           for (int q = 0; q < K; ++q) detail::store_quad(t.m + off + q * c + j, m[q]);
       }
       detail::fold(part, wide);
@@ -955,7 +955,7 @@ struct Math {
         for (int q = 0; q < per_lane; ++q) bits[q] = random_bits(key, element + q);
       }
       float* w = momentum_of(t, b);
-      if constexpr (storage == MomentumStorage::bf16) {
+      if constexpr (storage == MomentumStorage::bfloat16) {
         bf16* out = reinterpret_cast<bf16*>(w) + start + per_lane * lane;
         for (int q = 0; q < per_lane; ++q)
           if (per_lane * lane + q < n) out[q] = M::encode(mp[q], bits[q]);
