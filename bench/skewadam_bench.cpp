@@ -188,6 +188,14 @@ void step_bench(benchmark::State& state, std::vector<Param> params, bool checked
   else run_steps<skewadam::SkewAdam>(state, params, checked);
 }
 
+/// A backbone matrix's step with its momentum stored in bf16 or 8 bits
+/// (SkewAdamBf16Tiers, SkewAdam8bitTiers): bytes_per_elem counts the
+/// momentum as fp32 (the fp32 row's figure), so that GB/s compare.
+template <class Tiers>
+void stored_momentum_bench(benchmark::State& state, Param param) {
+  run_steps<skewadam::Optimizer<Tiers>>(state, {param}, false);
+}
+
 /// STREAM triad over n floats: a = b + q c.
 void triad(benchmark::State& state, index_t n) {
   const int threads = static_cast<int>(state.range(0));
@@ -428,6 +436,22 @@ void register_all() {
     for (const One& o : singles)
       add(join({"step/", kind_name(o.kind), "/", skewadam::dtype_name(dtype), "/", shape_name(o.shape)}),
           {Param{"w", o.kind, o.shape, dtype}});
+
+  // The backbone's matrix with its momentum stored in bf16 or in 8 bits.
+  for (Dtype dtype : {Dtype::f32, Dtype::bf16}) {
+    const std::string shape = shape_name(Shape{4096, 4096});
+    const Param w{"w", Kind::backbone, Shape{4096, 4096}, dtype};
+    for (const auto& [name, run] :
+         {std::pair{"bf16_momentum", &stored_momentum_bench<skewadam::SkewAdamBf16Tiers>},
+          std::pair{"8bit_momentum", &stored_momentum_bench<skewadam::SkewAdam8bitTiers>}})
+      benchmark::RegisterBenchmark(
+          join({"step/backbone_", name, "/", skewadam::dtype_name(dtype), "/", shape}).c_str(), run, w)
+          ->ArgName("threads")
+          ->Arg(1)
+          ->Arg(2)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+  }
 
   // Many small tensors in one step: 64 matrices [64, 256] and 64 vectors [256].
   for (Dtype dtype : {Dtype::f32, Dtype::bf16}) {

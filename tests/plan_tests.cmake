@@ -18,9 +18,9 @@ endfunction()
 
 # ---- the paper's figures (docs/spec.md §6)
 skewadam_plan_test(preset_table 0 "--preset|paper-6.78b"
-  OUT "6,784.33 M|12.64 GiB of weights|1.27 GiB|12.6 MB|2.1 MB|0.008 %|SkewAdam                                     1.29 GiB|50.55 GiB|25.27 GiB|25.29 GiB")
+  OUT "6,784.33 M|12.64 GiB of weights|1.27 GiB|12.6 MB|2.1 MB|0.008 %|SkewAdam                                     1.29 GiB|50.55 GiB|25.27 GiB|25.29 GiB|SkewAdam, bf16 momentum                      698.1 MB|SkewAdam, 8-bit momentum                     362.1 MB")
 skewadam_plan_test(preset_json 0 "--preset|paper-6.78b|--json"
-  OUT "\"total_params\": 6784327680|\"weights_bytes\": 13569785856|\"skewadam\": 1380800000|\"adamw\": 54274621440|\"one_buffer\": 27137310720|\"uniform\": 27150620672|\"state_bytes\": 12582912|\"state_bytes\": 2097152|\"state_bytes\": 1366119936")
+  OUT "\"total_params\": 6784327680|\"weights_bytes\": 13569785856|\"skewadam\": 1380800000|\"adamw\": 54274621440|\"one_buffer\": 27137310720|\"uniform\": 27150620672|\"state_bytes\": 12582912|\"state_bytes\": 2097152|\"state_bytes\": 1366119936|\"skewadam_bf16\": 698095104|\"skewadam_8bit\": 362076288")
 skewadam_plan_test(preset_rules 0 "--preset|paper-6.78b|--json|--rule|router=experts"
   OUT "\"params\": 0,|\"state_bytes\": 0")
 skewadam_plan_test(list_presets 0 "--list-presets" OUT "paper-6.78b")

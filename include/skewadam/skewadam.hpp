@@ -3,6 +3,7 @@
 //   #include <skewadam/skewadam.hpp>
 
 #include "config.hpp"
+#include "decode_momentum.hpp"
 #include "dtype.hpp"
 #include "hyperparameters.hpp"
 #include "optimizer.hpp"

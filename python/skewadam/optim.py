@@ -320,6 +320,14 @@ class TieredOptimizer(torch.optim.Optimizer):
         self._check_name(name)
         return self._engine.param_state(name)
 
+    def momentum(self, name):
+        """The parameter's first moment, decoded to float32 in its shape, on
+        the CPU (None where its rule keeps none). param_state(name)["m"] is
+        the stored array: for SkewAdamBf16Momentum and SkewAdam8bit, the
+        backbone's momentum as the words of its blocks."""
+        self._check_name(name)
+        return self._engine.momentum(name)
+
     @property
     def steps(self):
         """Steps applied so far."""

@@ -156,6 +156,17 @@ class Engine {
     return d;
   }
 
+  /// A parameter's first moment decoded to float32 in its shape (None
+  /// without momentum).
+  py::object momentum(const std::string& name) const {
+    at::Tensor m;
+    {
+      const py::gil_scoped_release release;
+      m = opt_.momentum(name);
+    }
+    return m.defined() ? py::cast(m) : py::none();
+  }
+
   /// The complete state, host copies: {steps, seed, hyper: [3 tuples],
   /// params: [{name, step, rounding_stream, m, v, v_row, v_col}]} in
   /// registration order, each array in its logical shape.
@@ -268,6 +279,7 @@ void bind_engine(py::module_& m, const char* name) {
       .def("tier_state_bytes", &E::tier_state_bytes, py::arg("tier"))
       .def("rules", &E::rules)
       .def("param_state", &E::param_state, py::arg("name"))
+      .def("momentum", &E::momentum, py::arg("name"))
       .def("export_state", &E::export_state)
       .def("import_state", &E::import_state, py::arg("steps"), py::arg("seed"), py::arg("hyper"), py::arg("params"));
 }

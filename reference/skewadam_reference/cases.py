@@ -2,13 +2,14 @@
 through the reference rule, and the checking rule.
 """
 
+import dataclasses
 import json
 import pathlib
 
 import numpy as np
 
 from . import philox, rounding
-from .rule import ADAMW, BACKBONE, EXACT_MOMENTUM, EXPERTS, ROUTER, Hyper, Rounding, run
+from .rule import ADAMW, BACKBONE, EXACT_MOMENTUM, EXPERTS, MOMENTUM_STORAGES, ROUTER, Hyper, Rounding, run
 
 FORMAT = "skewadam-golden/1"
 
@@ -62,6 +63,14 @@ class Case:
                          (True, False): EXACT_MOMENTUM}[(self.momentum, self.factored)]
         else:
             raise CaseError(f"{where}: unknown rule {self.rule_name!r} (expected skewadam or adamw)")
+        self.momentum_storage = j.get("momentum_storage", "f32")
+        if self.momentum_storage not in MOMENTUM_STORAGES:
+            raise CaseError(f"{where}: unknown momentum_storage {self.momentum_storage!r} "
+                            f"(expected {', '.join(MOMENTUM_STORAGES)})")
+        if self.momentum_storage != "f32":
+            if not self.momentum:
+                raise CaseError(f"{where}: momentum_storage {self.momentum_storage} needs tier.momentum true")
+            self.rule = dataclasses.replace(self.rule, momentum_storage=self.momentum_storage)
         self.param_dtype = j.get("param_dtype", "f32")
         self.grad_dtype = j.get("grad_dtype", "f32")
         if self.param_dtype not in rounding.DTYPES:

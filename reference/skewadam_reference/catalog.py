@@ -15,7 +15,7 @@ import numpy as np
 
 from . import philox, rounding
 from .cases import FORMAT, write_case
-from .rule import ADAMW, BACKBONE, EXACT_MOMENTUM, EXPERTS, ROUTER, Hyper, Rounding, run
+from .rule import ADAMW, BACKBONE, BACKBONE_8BIT, BACKBONE_BF16, EXACT_MOMENTUM, EXPERTS, ROUTER, Hyper, Rounding, run
 
 BASE_SEED = 20260730
 DEFAULT_SEED = 0x5EED5EED  # the library's default rounding seed
@@ -256,6 +256,21 @@ SPECS = [
     Spec("lr_steps_with_zero", "Factored, no momentum, weight decay 0.1, lr 0.02, then 0 on steps 11-15 (the "
          "parameter stays, the state moves on), then 0.005.", (10, 16), EXPERTS, skewed,
          hyper={"weight_decay": 0.1}, lr_schedule=stepped([(1, 0.02), (11, 0.0), (16, 0.005)])),
+    # Momentum stored in fewer bits (spec.md §5, E7).
+    Spec("momentum_bf16_2d", "Backbone rule with its momentum stored in bf16, stochastically rounded (E7): a "
+         "matrix of 40 x 70 (10.9 blocks of 256 elements), weight decay 0.05.", (40, 70), BACKBONE_BF16, skewed,
+         hyper={"lr": 0.01, **WD}, param_name="blocks.0.attn.o.weight"),
+    Spec("momentum_int8_bank3d", "Backbone rule with 8-bit momentum, a scale per block of 256 (E7), on a bank "
+         "[3, 24, 50]: each matrix of 1200 elements ends inside a block; expert 0 gets 30x spikes (its blocks' "
+         "scales jump), the last sees no gradient on some steps.", (3, 24, 50), BACKBONE_8BIT, bank_spikes,
+         hyper={"lr": 0.01, "clip_scope": "matrix", **WD}, param_name="blocks.1.moe.experts.w2"),
+    Spec("momentum_int8_bf16_param", "bf16 parameter with bf16 gradients and 8-bit momentum (E7): a "
+         "matrix of 33 x 31, mixed-scale rows (blocks of tiny and of large values), a 64-bit seed.", (33, 31),
+         BACKBONE_8BIT, mixed_scales, hyper={"lr": 0.01, **WD}, param_dtype="bf16", grad_dtype="bf16",
+         seed=0x0123456789ABCDEF, param_name="blocks.0.mlp.w3"),
+    Spec("momentum_int8_1d", "8-bit momentum (E7) on a rank-1 tensor of 300 elements (the exact fallback): "
+         "a block of 256 and one of 44.", (300,), BACKBONE_8BIT, plain(), hyper={"lr": 0.01, **WD},
+         param_name="blocks.0.norm.weight"),
     # 16-bit parameters.
     Spec("bf16_backbone_2d", "bf16 parameter, fp32 gradients, momentum + factored, weight decay 0.05 fused "
          "before one stochastic rounding, the library's default seed.", (16, 24), BACKBONE, skewed,
@@ -350,13 +365,16 @@ def build(spec, base_seed=BASE_SEED):
     settings = {"format": FORMAT, "description": spec.description + clip_note, "shape": list(spec.shape),
                 "steps": spec.steps,
                 "tier": {"momentum": spec.rule.momentum, "factored": spec.rule.second_moment == "factored"}}
-    if spec.rule == ADAMW:
+    if spec.rule.second_moment == "adam":
         settings["rule"] = "adamw"
+    if spec.rule.momentum_storage != "f32":
+        settings["momentum_storage"] = spec.rule.momentum_storage
     settings["hyper"] = {"lr": lrs[0], "lr_schedule": lrs, "beta1": h.beta1, "beta2": h.beta2, "eps": h.eps,
                          "weight_decay": h.weight_decay, "clip_threshold": h.clip_threshold}
     settings["clip_scope"] = h.clip_scope
     if spec.param_dtype != "f32":
         settings["param_dtype"] = spec.param_dtype
+    if spec.param_dtype != "f32" or spec.rule.momentum_storage != "f32":  # the random bits' key, in full
         settings["param_name"] = param_name
         settings["rounding"] = {"mode": spec.rounding}
         if spec.rounding == "stochastic":

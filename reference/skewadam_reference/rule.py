@@ -18,11 +18,13 @@ from . import philox, rounding
 @dataclass(frozen=True)
 class Rule:
     """One tensor's rule: which first moment, which second moment, whether
-    the update is clipped by its RMS (docs/spec.md §1.1)."""
+    the update is clipped by its RMS (docs/spec.md §1.1), and how the
+    momentum is stored (extension E7)."""
 
     momentum: bool
     second_moment: str  # "factored", "exact" or "adam"
     clip: bool = True
+    momentum_storage: str = "f32"  # or "bf16", "int8_blocks" (docs/spec.md §5, E7)
 
 
 # The library's named rules (docs/spec.md §1.1).
@@ -31,6 +33,9 @@ EXPERTS = Rule(False, "factored")
 ROUTER = Rule(False, "exact")
 EXACT_MOMENTUM = Rule(True, "exact")
 ADAMW = Rule(True, "adam", clip=False)
+BACKBONE_BF16 = Rule(True, "factored", momentum_storage="bf16")
+BACKBONE_8BIT = Rule(True, "factored", momentum_storage="int8_blocks")
+MOMENTUM_STORAGES = ("f32", "bf16", "int8_blocks")
 
 
 @dataclass
@@ -142,7 +147,11 @@ def step(rule, h, state, param, grad, dtype="f32", store=Rounding()):
     st = state.arrays
 
     # Numerator (§3.2 step 4).
-    if rule.momentum:
+    if rule.momentum and rule.momentum_storage != "f32":
+        m = stored_momentum(rule.momentum_storage, s, st["m"].reshape(b, r, c), g, store, t)
+        st["m"] = m.reshape(shape)
+        numerator = m * s["momentum_scale"]
+    elif rule.momentum:
         m = s["beta1"] * st["m"].reshape(b, r, c) + s["one_minus_beta1"] * g
         st["m"] = m.reshape(shape)
         numerator = m * s["momentum_scale"]
@@ -180,6 +189,45 @@ def step(rule, h, state, param, grad, dtype="f32", store=Rounding()):
     p = np.asarray(param, dtype=np.float64).reshape(b, r, c)
     x = (p * s["decay"] - s["lr"] * u).reshape(shape).astype(np.float32)
     return store_param(x, dtype, store, t)
+
+
+# Extension E7: the momentum's random bits use the seed XOR this constant
+# ("momentum" in ASCII), so that they are independent of the parameter's.
+MOMENTUM_SEED_XOR = 0x6D6F6D656E74756D
+MOMENTUM_BLOCK = 256
+FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def stored_momentum(storage, s, m, g, store, t):
+    """The momentum of step t stored in fewer bits (docs/spec.md §5, E7),
+    decoded: m [b, r, c] holds the values stored at the step before (fp32
+    values), g the gradient. Exact: every operation is an fp32 operation,
+    each product rounded on its own."""
+    f = np.float32
+    m32 = m.astype(f)
+    mp = f(s["beta1"]) * m32 + f(s["one_minus_beta1"]) * g.astype(f)  # each product rounded, then the sum
+    b = mp.shape[0]
+    flat = mp.reshape(b, -1)  # each matrix's elements in C order
+    size = flat.shape[1]
+    bits = philox.rounding_bits(store.seed ^ MOMENTUM_SEED_XOR, store.stream, t, flat.size).reshape(b, size)
+    if storage == "bf16":
+        out = rounding.to_f32(rounding.stochastic_bf16(flat.reshape(-1), bits.reshape(-1)), "bf16")
+        return out.reshape(m.shape).astype(np.float64)
+    if storage != "int8_blocks":
+        raise ValueError(f"unknown momentum storage {storage!r}")
+    out = np.empty_like(flat)
+    u = bits.astype(f) * f(2.0 ** -16)
+    for k in range(b):
+        for start in range(0, size, MOMENTUM_BLOCK):
+            x = flat[k, start:start + MOMENTUM_BLOCK]
+            amax = f(np.max(np.abs(x)))
+            scale = f(amax / f(127))
+            with np.errstate(over="ignore", divide="ignore"):
+                inv = f(min(float(f(f(127) / amax)), FLT_MAX)) if amax > 0 else f(0)
+            q = np.floor((x * inv) + u[k, start:start + MOMENTUM_BLOCK])  # the product, then the sum, in fp32
+            q = np.clip(q, f(-127), f(127))
+            out[k, start:start + MOMENTUM_BLOCK] = q * scale
+    return out.reshape(m.shape).astype(np.float64)
 
 
 def store_param(x, dtype, store, t):

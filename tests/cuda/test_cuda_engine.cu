@@ -73,7 +73,7 @@ TEST_CASE("front-end on the GPU: every golden case") {
         cu::check(cudaMemcpy(host.data(), p.data(), param_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
         host.widen(0, n, r.params.data() + t * n);
       }
-      tools::collect_state(opt, id, r);
+      tools::collect_state(c, opt, id, r);
       return r;
     });
     for (const tools::ArrayCheck& a : tools::check_golden_case(c, run)) {

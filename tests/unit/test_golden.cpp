@@ -117,7 +117,37 @@ TEST_CASE("golden: a 16-bit case fails with the wrong rounding key or the wrong 
     CHECK_FALSE(passes(right, run_golden_case(stream, 1)));
     GoldenCase nearest = right;
     nearest.rounding = CaseRounding::nearest;
-    CHECK_FALSE(passes(right, run_golden_case(nearest, 1)));
+    if (right.momentum_storage == MomentumStorage::f32) CHECK_FALSE(passes(right, run_golden_case(nearest, 1)));
+    else CHECK_THROWS_AS(run_golden_case(nearest, 1), CaseError);  // stored momentum runs with stochastic rounding
+  }
+}
+
+// The stored-momentum cases are sharp too: the momentum's rounding with
+// another key (seed or stream), or the momentum kept in fp32, fails them.
+TEST_CASE("golden: a stored-momentum case fails with the wrong momentum key or fp32 momentum") {
+  std::vector<GoldenCase> cases;
+  for (const auto& dir : test::golden_cases()) {
+    GoldenCase c = load_golden_case(dir);
+    if (c.momentum_storage != MomentumStorage::f32) cases.push_back(std::move(c));
+  }
+  REQUIRE(cases.size() >= 2);
+  auto exp_avg_passes = [](const GoldenCase& c, const CaseRun& run) {
+    for (const auto& r : check_golden_case(c, run))
+      if (r.array == "exp_avg") return r.ok;
+    return false;
+  };
+  for (const GoldenCase& right : cases) {
+    CAPTURE(right.name);
+    REQUIRE(passes(right, run_golden_case(right, 1)));
+    GoldenCase seed = right;
+    seed.seed += 1;
+    CHECK_FALSE(exp_avg_passes(right, run_golden_case(seed, 1)));
+    GoldenCase stream = right;
+    stream.param_name += ".other";
+    CHECK_FALSE(exp_avg_passes(right, run_golden_case(stream, 1)));
+    GoldenCase fp32 = right;
+    fp32.momentum_storage = MomentumStorage::f32;
+    CHECK_FALSE(exp_avg_passes(right, run_golden_case(fp32, 1)));
   }
 }
 

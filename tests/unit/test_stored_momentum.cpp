@@ -332,6 +332,25 @@ TEST_CASE_TEMPLATE("stored momentum: sharded at 1 and 3 ranks keeps one process'
   check_same(single->result(), resumed->result(), false);
 }
 
+TEST_CASE_TEMPLATE("stored momentum: decode_momentum reads the words as this test's own decoder does", P,
+                   Bf16Momentum, Int8BlockMomentum) {
+  auto run = local<AllStored<P>>(1);
+  run->steps(0, 2);
+  const Result r = run->result();
+  const auto sp = specs();
+  for (std::size_t k = 0; k < sp.size(); ++k) {
+    CAPTURE(sp[k].name);
+    const std::vector<float> got = decode_momentum(P::storage, sp[k].shape.matrices(), r.m[k]);
+    CHECK(same_bits(got, decode<P>(r.m[k], sp[k].shape).value));
+  }
+  std::vector<float> short_words(r.m[0].begin(), r.m[0].end() - 1);
+  CHECK_THROWS_WITH_AS(decode_momentum(P::storage, sp[0].shape.matrices(), short_words),
+                       doctest::Contains("words, expected"), std::invalid_argument);
+  // fp32 momentum is its own values
+  const std::vector<float> plain{1.0f, -2.0f, 3.0f};
+  CHECK(same_bits(decode_momentum(MomentumStorage::f32, MatrixGeometry{1, 1, 3}, plain), plain));
+}
+
 TEST_CASE("stored momentum: an import of the wrong size is refused, naming the array") {
   auto run = local<SkewAdam8bitTiers>(1);
   run->steps(0, 1);

@@ -128,7 +128,7 @@ class Replay {
 
   void run(std::int64_t first, std::int64_t last, CaseRun& run) {
     run_golden_steps(c_, *opt_, id_, param_, grads_, first, last, run);
-    collect_state(*opt_, id_, run);
+    collect_state(c_, *opt_, id_, run);
   }
 
   void save(const std::filesystem::path& file) const {

@@ -103,6 +103,7 @@
 #endif
 
 #include "../checkpoint.hpp"
+#include "../decode_momentum.hpp"
 #include "../hyperparameters.hpp"
 #include "../nonfinite.hpp"
 #include "../optimizer.hpp"
@@ -546,6 +547,27 @@ class Optimizer : public ::torch::optim::Optimizer {
     const Param& p = params_[index_of(name)];
     p.state->step = core_->step_count(p.id);
     return *p.state;
+  }
+  /// A parameter's first moment decoded to fp32, in its shape, on the CPU
+  /// (a copy; the state of a rule that stores it in bf16 or 8 bits is its
+  /// words, param_state(name).m); undefined for a rule without momentum.
+  /// Sharded: the complete momentum, gathered (collective).
+  at::Tensor momentum(const std::string& name) const {
+    const Param& p = params_[index_of(name)];
+    const StateLayout layout = Tiers::layout(p.tier);
+    if (!layout.momentum || p.shape.numel() == 0) return {};
+    const ParamState& s = param_state(name);
+    std::vector<float> words;
+    if (sharded()) {
+      words = core_->export_state().params[static_cast<std::size_t>(p.id.index)].state.m;
+    } else {
+      const at::Tensor host = s.m.to(at::kCPU).contiguous();
+      words.assign(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
+    }
+    const std::vector<float> values = decode_momentum(layout.storage, p.shape.matrices(), words);
+    at::Tensor out = at::empty(std::vector<std::int64_t>(p.shape.begin(), p.shape.end()), at::kFloat);
+    std::memcpy(out.data_ptr<float>(), values.data(), 4 * values.size());
+    return out;
   }
   /// The device the parameters and the state are on.
   at::Device device() const noexcept { return device_; }

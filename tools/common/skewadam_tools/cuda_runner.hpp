@@ -13,6 +13,7 @@
 #include <skewadam/hyperparameters.hpp>
 #include <skewadam/param_state.hpp>
 #include <skewadam/random.hpp>
+#include <skewadam/state_layout.hpp>
 #include <skewadam/step_scalars.hpp>
 
 namespace skewadam::tools::cuda {
@@ -32,6 +33,9 @@ struct RunSpec {
   Dtype dtype = Dtype::f32;       ///< of the parameter (and of the gradients unless grad_dtype says)
   std::optional<Dtype> grad_dtype;  ///< of the gradients: f32 or dtype (default: dtype)
   bool nearest = false;           ///< round 16-bit parameters to nearest instead of stochastically
+  /// The momentum's storage (backbone and exact_momentum; docs/spec.md §5,
+  /// E7): other than f32, the parameter is rounded stochastically.
+  MomentumStorage momentum = MomentumStorage::f32;
   Hyperparameters hyper{};
   std::vector<double> lr;         ///< per step (steps values)
   std::int64_t steps = 0;

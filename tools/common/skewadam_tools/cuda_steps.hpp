@@ -66,9 +66,19 @@ RunResult run_steps_typed(const RunSpec& spec, typename R::stream_type stream) {
     out.state = opt.export_state().params[static_cast<std::size_t>(id.index)].state;
   };
   auto rounded = [&]<class Rule>() {
-    if (spec.nearest) go.template operator()<typename Rule::template with_rounding<NearestRounding>>();
-    else go.template operator()<Rule>();
+    if (spec.momentum == MomentumStorage::bfloat16 && Rule::momentum::has_state)
+      go.template operator()<typename Rule::template with_momentum<Bf16Momentum>>();
+    else if (spec.momentum == MomentumStorage::int8_blocks && Rule::momentum::has_state)
+      go.template operator()<typename Rule::template with_momentum<Int8BlockMomentum>>();
+    else if (spec.nearest)
+      go.template operator()<typename Rule::template with_rounding<NearestRounding>>();
+    else
+      go.template operator()<Rule>();
   };
+  if (spec.momentum != MomentumStorage::f32 &&
+      (spec.nearest || (spec.rule != RuleKind::backbone && spec.rule != RuleKind::exact_momentum)))
+    throw std::invalid_argument("momentum: stored in fewer bits for the backbone and exact_momentum rules, with "
+                                "stochastic rounding");
   switch (spec.rule) {
     case RuleKind::backbone: rounded.template operator()<BackboneRule>(); break;
     case RuleKind::experts: rounded.template operator()<ExpertRule>(); break;

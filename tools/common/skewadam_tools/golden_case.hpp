@@ -150,6 +150,8 @@ struct GoldenCase {
   bool momentum = false;
   bool factored = false;
   CaseRule rule = CaseRule::tiered;
+  /// How the rule stores its momentum (docs/spec.md §5, E7).
+  MomentumStorage momentum_storage = MomentumStorage::f32;
   Dtype param_dtype = Dtype::f32;
   Dtype grad_dtype = Dtype::f32;
   std::string param_name;  ///< the name the parameter is registered under: keys its rounding stream
@@ -249,6 +251,14 @@ inline GoldenCase load_golden_case(const std::filesystem::path& dir) {
     } else if (rule != "skewadam") {
       throw CaseError(where + ": unknown rule \"" + rule + "\" (expected skewadam or adamw)");
     }
+    const std::string storage = j.value("momentum_storage", "f32");
+    if (storage == "bf16") c.momentum_storage = MomentumStorage::bfloat16;
+    else if (storage == "int8_blocks") c.momentum_storage = MomentumStorage::int8_blocks;
+    else if (storage != "f32")
+      throw CaseError(where + ": unknown momentum_storage \"" + storage + "\" (expected f32, bf16 or int8_blocks)");
+    if (c.momentum_storage != MomentumStorage::f32 && (!c.momentum || c.rule != CaseRule::tiered))
+      throw CaseError(where + ": momentum_storage " + storage +
+                      " needs the skewadam rule with momentum (tier.momentum true)");
     c.param_dtype = parse_dtype(j.value("param_dtype", "f32"), "param_dtype");
     c.grad_dtype = parse_dtype(j.value("grad_dtype", "f32"), "grad_dtype");
     if (c.grad_dtype != Dtype::f32 && c.grad_dtype != c.param_dtype)
@@ -271,6 +281,8 @@ inline GoldenCase load_golden_case(const std::filesystem::path& dir) {
         throw CaseError(where + ": rounding.stream " + r["stream"].dump() + " is not the stream of param_name \"" +
                         c.param_name + "\" (" + std::to_string(tensor_id(c.param_name)) + ", FNV-1a of the name)");
     }
+    if (c.momentum_storage != MomentumStorage::f32 && c.rounding == CaseRounding::nearest)
+      throw CaseError(where + ": momentum_storage other than f32 is run with stochastic rounding of the parameter");
     const auto& h = j.at("hyper");
     c.hyper.beta1 = h.at("beta1").get<double>();
     c.hyper.beta2 = h.at("beta2").get<double>();
@@ -362,12 +374,13 @@ void run_golden_steps(const GoldenCase& c, Opt& opt, ParamId id, const TypedValu
 }
 
 /// The final state of the case's parameter, from export_state() (so that it
-/// works on every placement; sharded, it is collective).
+/// works on every placement; sharded, it is collective); the momentum
+/// decoded from its storage.
 template <class Opt>
-void collect_state(const Opt& opt, ParamId id, CaseRun& run) {
+void collect_state(const GoldenCase& c, const Opt& opt, ParamId id, CaseRun& run) {
   const ParamState s = opt.export_state().params[static_cast<std::size_t>(id.index)].state;
   run.state.clear();
-  if (!s.m.empty()) run.state["exp_avg"] = s.m;
+  if (!s.m.empty()) run.state["exp_avg"] = decode_momentum(c.momentum_storage, c.tensor_shape().matrices(), s.m);
   if (!s.v.empty()) run.state["v"] = s.v;
   if (!s.v_row.empty()) run.state["v_row"] = s.v_row;
   if (!s.v_col.empty()) run.state["v_col"] = s.v_col;
@@ -384,6 +397,16 @@ decltype(auto) with_case_rule(const GoldenCase& c, F&& f) {
     return f.template operator()<Rule>();
   };
   if (c.rule == CaseRule::adamw) return rounded.template operator()<AdamWRule>();
+  // momentum stored in fewer bits: stochastic rounding of the parameter, as
+  // the cases of docs/conformance.md give it (load_golden_case refuses another)
+  if (c.momentum_storage != MomentumStorage::f32 && c.rounding == CaseRounding::nearest)
+    throw CaseError(c.name + ": momentum_storage other than f32 is run with stochastic rounding of the parameter");
+  if (c.momentum && c.momentum_storage == MomentumStorage::bfloat16)
+    return c.factored ? f.template operator()<BackboneRule::with_momentum<Bf16Momentum>>()
+                      : f.template operator()<ExactMomentumRule::with_momentum<Bf16Momentum>>();
+  if (c.momentum && c.momentum_storage == MomentumStorage::int8_blocks)
+    return c.factored ? f.template operator()<BackboneRule::with_momentum<Int8BlockMomentum>>()
+                      : f.template operator()<ExactMomentumRule::with_momentum<Int8BlockMomentum>>();
   if (c.momentum && c.factored) return rounded.template operator()<BackboneRule>();
   if (c.momentum) return rounded.template operator()<ExactMomentumRule>();
   if (c.factored) return rounded.template operator()<ExpertRule>();
@@ -403,7 +426,7 @@ CaseRun run_golden_case_on(const GoldenCase& c, Make&& make) {
     const ParamId id = opt->add(c.param_name, Tier::backbone, param.param_view(0, c.tensor_shape()));
     CaseRun run;
     run_golden_steps(c, *opt, id, param, grads, 0, c.steps, run);
-    collect_state(*opt, id, run);
+    collect_state(c, *opt, id, run);
     return run;
   });
 }
