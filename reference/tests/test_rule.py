@@ -97,3 +97,22 @@ def test_a_step_counts_once_per_call():
     for k in range(3):
         rule.step(EXPERTS, Hyper(), st, np.zeros((2, 2), np.float32), np.ones((2, 2), np.float32))
         assert st.step == k + 1
+
+
+def test_stored_momentum_is_unbiased_and_within_one_step_of_the_fp32_recursion():
+    # E7: from the same stored state, the stored momentum is one of the two
+    # values next to m' (bf16) or within one scale of it (8 bits), and its
+    # mean over many draws of the bits is m'.
+    shape = (8, 64)
+    rng = np.random.default_rng(5)
+    g = rng.standard_normal(shape).astype(np.float32) * np.float32(0.01)
+    m0 = rng.standard_normal(shape).astype(np.float32) * np.float32(0.01)
+    s = rule.step_scalars(Hyper(), 3)
+    mp = np.float32(s["beta1"]) * m0 + np.float32(s["one_minus_beta1"]) * g
+    for storage in ("bf16", "int8_blocks"):
+        draws = np.stack([rule.stored_momentum(storage, s, m0.reshape(1, *shape).astype(np.float64),
+                                               g.reshape(1, *shape), Rounding(seed=seed), 3).reshape(shape)
+                          for seed in range(200)])
+        step = np.float32(np.abs(mp).max() / 127) if storage == "int8_blocks" else np.abs(mp) * 2.0 ** -7
+        assert np.all(np.abs(draws - mp) <= step * (1 + 2.0 ** -10))
+        assert np.abs(draws.mean(axis=0) - mp).max() < 0.2 * np.max(step)  # 200 draws: a few % of a step
