@@ -98,12 +98,7 @@ ShardedReplayResult run_sharded_case(const GoldenCase& c, const ShardedReplayOpt
   }
   r.exchange_bytes = opt.last_step_exchange_bytes();
 
-  const OptimizerState full = opt.export_state();
-  const ParamState& s = full.params.front().state;
-  if (!s.m.empty()) r.run.state["exp_avg"] = s.m;
-  if (!s.v.empty()) r.run.state["v"] = s.v;
-  if (!s.v_row.empty()) r.run.state["v_row"] = s.v_row;
-  if (!s.v_col.empty()) r.run.state["v_col"] = s.v_col;
+  collect_state(c, opt, id, r.run);
   r.state_bytes = opt.state_bytes_per_rank();
   if (!o.save.empty())
     save_checkpoint(opt, o.save, SaveOptions{.include_params = true, .metadata = {{o.case_key, c.name}}});
