@@ -16,6 +16,7 @@ using namespace skewadam;
 struct ShardedSelf {
   static constexpr const char* name = "sharded over the self communicator";
   static constexpr bool cpu_bits = true;
+  static constexpr bool emulated = false;
   static dist::SelfCommunicator& comm() {
     static dist::SelfCommunicator c;
     return c;

@@ -4,10 +4,11 @@
 // passes) is tested on machines without a GPU. Include this before
 // kernels.cuh in a translation unit compiled by the C++ compiler.
 //
-// A block is blockDim.x fibers on one host thread (each started with
-// makecontext, then switched with _setjmp/_longjmp, which unlike
-// swapcontext make no system call; with _FORTIFY_SOURCE, whose longjmp
-// refuses to change stacks, swapcontext throughout), run in thread order
+// A block is blockDim.x fibers on one host thread (each started once with
+// makecontext and kept for the blocks that follow, then switched with
+// _setjmp/_longjmp, which unlike swapcontext make no system call; with
+// _FORTIFY_SOURCE, whose longjmp refuses to change stacks, swapcontext
+// throughout and a fresh context per block), run in thread order
 // until each reaches a barrier; a barrier opens when every thread of its
 // block (__syncthreads) or warp (__shfl_xor_sync) that has not returned
 // waits at it. __shared__ variables are per host thread, so each block has
@@ -219,8 +220,10 @@ class Block {
 
   static void entry();
 
-  /// Runs f until it waits or returns.
-  void resume(Fiber& f) {
+  /// Runs f until it waits or returns. Not inlined: the _setjmp that f's
+  /// _longjmp returns to stays in a frame of its own, so the caller's
+  /// locals are not clobbered.
+  [[gnu::noinline]] void resume(Fiber& f) {
 #if defined(_FORTIFY_SOURCE)
     swapcontext(&scheduler_, &f.ctx);
 #else
@@ -232,15 +235,28 @@ class Block {
 #endif
   }
 
+  /// Gives f a fresh context that starts entry() on its own stack. Not
+  /// inlined: getcontext returns twice as far as the compiler knows, which
+  /// would make run_block's locals suspect.
+  [[gnu::noinline]] void prepare(Fiber& f) {
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack.get();
+    f.ctx.uc_stack.ss_size = stack_bytes;
+    f.ctx.uc_link = &scheduler_;
+    makecontext(&f.ctx, &Block::entry, 0);
+    f.started = false;
+  }
+
   void run_block(unsigned threads) {
     for (unsigned t = 0; t < threads; ++t) {
       Fiber& f = *fibers_[t];
-      getcontext(&f.ctx);
-      f.ctx.uc_stack.ss_sp = f.stack.get();
-      f.ctx.uc_stack.ss_size = stack_bytes;
-      f.ctx.uc_link = &scheduler_;
-      makecontext(&f.ctx, &Block::entry, 0);
-      f.started = false;
+#if !defined(_FORTIFY_SOURCE)
+      // a fiber that finished a block waits in entry() for the next one; it
+      // starts afresh only the first time, or after a launch abandoned it
+      // at a barrier
+      if (!f.started || f.state != State::done)
+#endif
+        prepare(f);
       f.state = State::run;
     }
     for (;;) {
@@ -302,12 +318,20 @@ inline Block& block() {
 
 inline void Block::entry() {
   Block& b = block();
+#if defined(_FORTIFY_SOURCE)
   (*b.body_)();
   b.fibers_[b.current_]->state = State::done;
-#if !defined(_FORTIFY_SOURCE)
-  _longjmp(b.scheduler_jmp_, 1);
+  // returns to uc_link, the scheduler
+#else
+  // one fiber runs thread current_ of block after block: between two, it
+  // waits here (started once, it makes no system call again)
+  for (;;) {
+    (*b.body_)();
+    Fiber& f = *b.fibers_[b.current_];
+    f.state = State::done;
+    if (_setjmp(f.jmp) == 0) _longjmp(b.scheduler_jmp_, 1);
+  }
 #endif
-  // with swapcontext: returns to uc_link, the scheduler
 }
 
 // ------------------------------------------------------- host threads
