@@ -171,17 +171,19 @@ inline const std::map<std::string, double> paper_peak_gib{{"skewadam", 31.3}, {"
 /// The CPU runs' memory: measured peak resident memory by part, the computed
 /// need beside it, and the paper's figure.
 inline std::string cpu_memory_table(const std::vector<RunMemory>& runs, double available) {
+  int width = 32;  // the first column: the longest name and a space
+  for (const auto& r : runs) width = std::max(width, static_cast<int>(display_name(r.name).size()) + 1);
   std::ostringstream o;
-  o << std::left << std::setw(32) << "run" << std::right << std::setw(9) << "weights" << std::setw(8) << "grads"
+  o << std::left << std::setw(width) << "run" << std::right << std::setw(9) << "weights" << std::setw(8) << "grads"
     << std::setw(8) << "state" << std::setw(8) << "rest" << std::setw(9) << "peak" << std::setw(9) << "needed"
     << std::setw(8) << "paper" << "   (GiB)\n"
-    << std::string(99, '-') << "\n";
+    << std::string(static_cast<std::size_t>(67 + width), '-') << "\n";
   double baseline = -1;
   for (const auto& r : runs)
     if (r.name == "no-optimizer") baseline = r.peak();
   for (const auto& r : runs) {
     const auto paper = paper_peak_gib.find(r.name);
-    o << std::left << std::setw(32) << display_name(r.name) << std::right << std::setw(9) << gib_text(r.weights)
+    o << std::left << std::setw(width) << display_name(r.name) << std::right << std::setw(9) << gib_text(r.weights)
       << std::setw(8) << gib_text(r.grads) << std::setw(8) << gib_text(r.state) << std::setw(8)
       << gib_text(r.rest()) << std::setw(9) << (r.refused ? std::string("refused") : gib_text(r.peak()))
       << std::setw(9) << gib_text(r.needed) << std::setw(8)

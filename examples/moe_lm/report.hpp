@@ -144,9 +144,9 @@ inline std::string table(const Settings& s, const std::vector<Row>& rows) {
   t << std::left << std::setw(width) << "optimizer" << std::right << std::setw(8) << "lr" << std::setw(11) << "state MB"
     << std::setw(9) << "vs AdamW" << std::setw(10) << "backbone" << std::setw(9) << "experts" << std::setw(8)
     << "router" << std::setw(10) << "peak RSS" << std::setw(9) << "tok/s" << std::setw(8) << "step ms"
-    << std::setw(9) << "val ppl" << std::setw(8) << "± sd" << std::setw(9) << "balance" << std::setw(10)
+    << std::setw(11) << "val ppl" << std::setw(8) << "± sd" << std::setw(9) << "balance" << std::setw(10)
     << "max load" << "\n"
-    << std::string(static_cast<std::size_t>(118 + width), '-') << "\n";
+    << std::string(static_cast<std::size_t>(120 + width), '-') << "\n";
   for (const Row& r : rows) {
     const double bytes = r.of("state_bytes").mean;
     auto tier = [&](const char* key) { return megabytes(r.of(key).mean); };  // "-" without one
@@ -158,7 +158,7 @@ inline std::string table(const Settings& s, const std::vector<Row>& rows) {
       << tier("state_backbone") << std::setw(9) << tier("state_experts") << std::setw(8) << tier("state_router")
       << std::setw(6) << fixed(static_cast<double>(r.peak_rss_kib()) / 1024.0, 0) << " MiB" << std::setw(9)
       << fixed(r.of("tokens_per_s").mean, 0) << std::setw(8) << fixed(r.of("optimizer_ms_per_step").mean, 1)
-      << std::setw(9) << fixed(ppl.mean, 3) << std::setw(8) << fixed(ppl.sd, 3) << std::setw(9)
+      << std::setw(11) << fixed(ppl.mean, 3) << std::setw(8) << fixed(ppl.sd, 3) << std::setw(9)
       << fixed(r.of("balance_loss").mean, 3) << std::setw(8) << (std::isnan(load) ? "-" : fixed(100.0 * load, 1))
       << (std::isnan(load) ? "  " : " %") << "\n";
   }
@@ -303,7 +303,7 @@ inline std::string claims(const std::vector<Row>& rows) {
 /// two). Empty when the run has no such pair.
 inline std::string momentum_storage_claim(const std::vector<Row>& rows) {
   std::ostringstream o;
-  for (const std::string suffix : {std::string(), std::string(in_backward_suffix)}) {
+  for (const std::string& suffix : {std::string(), std::string(in_backward_suffix)}) {
     const Row* fp32 = nullptr;
     for (const Row& r : rows)
       if (r.optimizer == "skewadam" + suffix && !r.tuned) fp32 = &r;
