@@ -33,7 +33,7 @@ endfunction()
 # Each set's cases (golden_cases.cmake): golden-mpi/<case>/..., and
 # golden-external-mpi/<case>/... for the external folder's.
 # The cases also run at 1 and 4 ranks: a backbone matrix cut by rows, an
-# expert bank, a router, a rank-1 tensor and momentum stored in blocks (the
+# expert bank, a router, rank-1 and rank-4 tensors and momentum stored in blocks (the
 # contract suite runs every path at one rank over the self communicator).
 set(_every_rank_count backbone_2d bank3d_tensor_clip router_2d bias_1d_fallback momentum_int8_bank3d
     momentum_bf16_2d rank4_factored)
