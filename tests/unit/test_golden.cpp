@@ -85,14 +85,31 @@ TEST_CASE("golden: a perturbed expectation is detected") {
   CHECK_FALSE(all_ok);
 }
 
-/// The 16-bit cases that round stochastically (there must be some).
-std::vector<GoldenCase> stochastic_16bit_cases() {
+/// The project's cases for which keep(case) holds.
+template <class Keep>
+std::vector<GoldenCase> golden_cases_where(Keep keep) {
   std::vector<GoldenCase> out;
   for (const auto& dir : test::golden_cases()) {
     GoldenCase c = load_golden_case(dir);
-    if (c.param_dtype != Dtype::f32 && c.rounding == CaseRounding::stochastic) out.push_back(std::move(c));
+    if (keep(c)) out.push_back(std::move(c));
   }
   return out;
+}
+
+/// The 16-bit cases that round stochastically (there must be some).
+std::vector<GoldenCase> stochastic_16bit_cases() {
+  return golden_cases_where(
+      [](const GoldenCase& c) { return c.param_dtype != Dtype::f32 && c.rounding == CaseRounding::stochastic; });
+}
+
+/// The case with the key of its random streams changed: another seed, and
+/// another stream (the parameter's name).
+std::vector<GoldenCase> with_wrong_keys(const GoldenCase& right) {
+  GoldenCase seed = right;
+  seed.seed += 1;
+  GoldenCase stream = right;
+  stream.param_name += ".other";
+  return {seed, stream};
 }
 
 bool passes(const GoldenCase& c, const CaseRun& run) {
@@ -109,12 +126,7 @@ TEST_CASE("golden: a 16-bit case fails with the wrong rounding key or the wrong 
   for (const GoldenCase& right : cases) {
     CAPTURE(right.name);
     REQUIRE(passes(right, run_golden_case(right, 1)));
-    GoldenCase seed = right;
-    seed.seed += 1;
-    CHECK_FALSE(passes(right, run_golden_case(seed, 1)));
-    GoldenCase stream = right;
-    stream.param_name += ".other";
-    CHECK_FALSE(passes(right, run_golden_case(stream, 1)));
+    for (const GoldenCase& wrong : with_wrong_keys(right)) CHECK_FALSE(passes(right, run_golden_case(wrong, 1)));
     GoldenCase nearest = right;
     nearest.rounding = CaseRounding::nearest;
     if (right.momentum_storage == MomentumStorage::f32) CHECK_FALSE(passes(right, run_golden_case(nearest, 1)));
@@ -125,11 +137,8 @@ TEST_CASE("golden: a 16-bit case fails with the wrong rounding key or the wrong 
 // The stored-momentum cases are sharp too: the momentum's rounding with
 // another key (seed or stream), or the momentum kept in fp32, fails them.
 TEST_CASE("golden: a stored-momentum case fails with the wrong momentum key or fp32 momentum") {
-  std::vector<GoldenCase> cases;
-  for (const auto& dir : test::golden_cases()) {
-    GoldenCase c = load_golden_case(dir);
-    if (c.momentum_storage != MomentumStorage::f32) cases.push_back(std::move(c));
-  }
+  const auto cases =
+      golden_cases_where([](const GoldenCase& c) { return c.momentum_storage != MomentumStorage::f32; });
   REQUIRE(cases.size() >= 2);
   auto exp_avg_passes = [](const GoldenCase& c, const CaseRun& run) {
     for (const auto& r : check_golden_case(c, run))
@@ -139,12 +148,8 @@ TEST_CASE("golden: a stored-momentum case fails with the wrong momentum key or f
   for (const GoldenCase& right : cases) {
     CAPTURE(right.name);
     REQUIRE(passes(right, run_golden_case(right, 1)));
-    GoldenCase seed = right;
-    seed.seed += 1;
-    CHECK_FALSE(exp_avg_passes(right, run_golden_case(seed, 1)));
-    GoldenCase stream = right;
-    stream.param_name += ".other";
-    CHECK_FALSE(exp_avg_passes(right, run_golden_case(stream, 1)));
+    for (const GoldenCase& wrong : with_wrong_keys(right))
+      CHECK_FALSE(exp_avg_passes(right, run_golden_case(wrong, 1)));
     GoldenCase fp32 = right;
     fp32.momentum_storage = MomentumStorage::f32;
     CHECK_FALSE(exp_avg_passes(right, run_golden_case(fp32, 1)));
