@@ -39,6 +39,16 @@ inline void check_grad(std::string_view name, const ParamView& p, const GradView
   if (g.data == nullptr && g.numel() > 0) throw std::invalid_argument(who + ": null data pointer");
 }
 
+/// A gradient-norm bound that every step applies (OptimizerOptions,
+/// set_max_grad_norm, the adapters' options): 0 turns it off; anything else
+/// must be finite and > 0. The one rule the LibTorch adapter and the Python
+/// package hand their argument to.
+inline double checked_max_grad_norm(double x, const std::string& what = "max_grad_norm") {
+  if (x != 0.0 && (!(x > 0.0) || !std::isfinite(x)))
+    throw std::invalid_argument(what + " = " + std::to_string(x) + ": must be finite and > 0 (0: off)");
+  return x;
+}
+
 inline void check_max_norm(double max_norm) {
   if (!(max_norm > 0.0) || std::isnan(max_norm))
     throw std::invalid_argument("max_norm = " + std::to_string(max_norm) + ": must be > 0");

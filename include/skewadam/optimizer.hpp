@@ -116,7 +116,7 @@ class Optimizer : public TierSettings {
   explicit Optimizer(const PerTier<Hyperparameters>& per_tier, OptimizerOptions options = {}) requires(!sharded)
       : TierSettings(per_tier), engine_(options), seed_(options.seed),
         nonfinite_(detail::checked_policy(options.nonfinite)),
-        max_grad_norm_(checked_max_grad_norm(options.max_grad_norm)) {}
+        max_grad_norm_(detail::checked_max_grad_norm(options.max_grad_norm)) {}
 
   /// A sharded optimizer over the ranks of `comm` (which must outlive it).
   Optimizer(communicator_type& comm, const Hyperparameters& all, OptimizerOptions options = {},
@@ -126,7 +126,7 @@ class Optimizer : public TierSettings {
             typename Placement::options_type shard = {}) requires sharded
       : TierSettings(per_tier), engine_(comm, options, shard), seed_(options.seed),
         nonfinite_(detail::checked_policy(options.nonfinite)),
-        max_grad_norm_(checked_max_grad_norm(options.max_grad_norm)) {}
+        max_grad_norm_(detail::checked_max_grad_norm(options.max_grad_norm)) {}
 
   // ------------------------------------------------------------ parameters
   /// Registers a parameter (once) under a tier; allocates its state. Sharded:
@@ -352,7 +352,7 @@ class Optimizer : public TierSettings {
   /// exactly as clip_grad_norm(max_norm) before it would (0: off again). The
   /// norm and the scale are formed by the backend, so a step on a device
   /// does not wait for them.
-  void set_max_grad_norm(double max_norm) { max_grad_norm_ = checked_max_grad_norm(max_norm); }
+  void set_max_grad_norm(double max_norm) { max_grad_norm_ = detail::checked_max_grad_norm(max_norm); }
   double max_grad_norm() const noexcept { return max_grad_norm_; }
   /// The global gradient norm (before clipping) of the last step that
   /// clipped by max_grad_norm; NaN if none has. Waits for a device.
@@ -681,11 +681,6 @@ class Optimizer : public TierSettings {
     st.seed = seed_;
     st.max_norm = max_grad_norm_;
     return st;
-  }
-  static double checked_max_grad_norm(double x) {
-    if (x != 0.0 && (!(x > 0.0) || std::isnan(x)))
-      throw std::invalid_argument("max_grad_norm = " + std::to_string(x) + ": must be > 0 (0: off)");
-    return x;
   }
   void check_no_schedule() const {
     if (has_schedule())
