@@ -1,6 +1,7 @@
 // save()/load() through torch::serialize: a resumed run is bit-identical to an
 // uninterrupted one, a checkpoint that does not fit is refused without
-// changing anything, and the archive carries the library's own checkpoint.
+// changing anything, and the archive carries the library's own checkpoint;
+// save_checkpoint()/load_checkpoint() write and read the library's file itself.
 
 #include <skewadam/torch/optimizer.hpp>
 
@@ -9,6 +10,9 @@
 #include <torch/torch.h>
 
 #include <cstddef>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <span>
 #include <sstream>
 #include <string>
@@ -320,6 +324,74 @@ TEST_CASE("the archive carries the library's checkpoint: it loads into skewadam:
   skewadam::libtorch::SkewAdam other(c, test_options());
   load_into(other, out.str());
   CHECK(same_state(snapshot(other), snapshot(opt)));
+}
+
+TEST_CASE("save_checkpoint writes the file skewadam::save_checkpoint writes; load_checkpoint reads it back") {
+  namespace fs = std::filesystem;
+  namespace d = skewadam::libtorch::detail;
+  const fs::path dir = fs::temp_directory_path() / "skewadam-torch-checkpoint-file";
+  fs::create_directories(dir);
+  auto bytes_of = [](const fs::path& f) {
+    std::ifstream in(f, std::ios::binary);
+    return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  const Named start = make_params();
+  const Named a = clone(start);
+  skewadam::libtorch::SkewAdam opt(a, test_options());
+  run_steps(opt, a, start, 1, 3);
+  opt.save_checkpoint(dir / "adapter.ckpt", skewadam::SaveOptions{.include_params = true});
+
+  // On the CPU engine: the library's optimizer over the same values, the
+  // same steps, writes the same file, byte for byte (a device engine adds in
+  // another order: its file is checked by what it resumes, below).
+  if (test_device().is_cpu() && skewadam::libtorch::device_core<skewadam::SkewAdamTiers>("cpu") == nullptr) {
+    const Named b = clone(start);
+    skewadam::SkewAdam core(test_options().hyperparameters, skewadam::OptimizerOptions{.seed = opt.seed()});
+    std::vector<skewadam::ParamId> ids;
+    for (const auto& [name, t] : b)
+      ids.push_back(core.add(name, opt.tier(name), d::param_view(t, d::dtype_of_tensor(t, name), d::shape_of_tensor(t, name))));
+    for (int k = 1; k <= 3; ++k) {
+      const std::vector<torch::Tensor> g = grads_for_step(start, k);
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        if (!g[i].defined()) {
+          core.clear_grad(ids[i]);
+          continue;
+        }
+        const std::string& name = b[i].first;
+        core.set_grad(ids[i], d::grad_view(g[i], d::dtype_of_tensor(g[i], name), d::shape_of_tensor(g[i], name)));
+      }
+      core.step();
+    }
+    skewadam::save_checkpoint(core, dir / "core.ckpt", skewadam::SaveOptions{.include_params = true});
+    CHECK(bytes_of(dir / "adapter.ckpt") == bytes_of(dir / "core.ckpt"));
+  }
+
+  // The file loads into a fresh adapter: state, hyperparameters and the
+  // parameter values; both then go on with the same bits.
+  const Named c = clone(start);
+  skewadam::libtorch::Options o = test_options();
+  o.hyperparameters.experts.lr = 0.5;
+  skewadam::libtorch::SkewAdam resumed(c, o);
+  resumed.load_checkpoint(dir / "adapter.ckpt");
+  CHECK(resumed.group_options(skewadam::Tier::experts).hyperparameters().lr ==
+        test_options().hyperparameters.experts.lr);
+  CHECK(resumed.steps() == 3);
+  CHECK(same_bits(a, c));
+  CHECK(same_state(snapshot(resumed), snapshot(opt)));
+  run_steps(opt, a, start, 4, 5);
+  run_steps(resumed, c, start, 4, 5);
+  CHECK(same_bits(a, c));
+  CHECK(same_state(snapshot(resumed), snapshot(opt)));
+
+  // A file of another rule is refused, naming the tier, and nothing changes.
+  const Named e = clone(start);
+  skewadam::libtorch::SkewAdam8bit other(e, test_options());
+  const auto before = snapshot(other);
+  CHECK_THROWS_WITH_AS(other.load_checkpoint(dir / "adapter.ckpt"), doctest::Contains("backbone"),
+                       skewadam::CheckpointError);
+  CHECK(same_state(snapshot(other), before));
+  CHECK(same_bits(e, start));
+  CHECK(other.steps() == 0);
 }
 
 }  // namespace test_serialize

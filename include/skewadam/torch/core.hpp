@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -83,6 +84,12 @@ class Core {
   /// Loads a checkpoint's state (not parameter values); all or nothing.
   /// Sharded: collective, every rank passes the same bytes.
   virtual void load(std::span<const std::byte> bytes) = 0;
+  /// Writes the library's checkpoint file (skewadam::save_checkpoint).
+  /// Sharded: collective, rank 0 writes.
+  virtual void save_file(const std::filesystem::path& file, const SaveOptions& options) = 0;
+  /// Loads a checkpoint file (skewadam::load_checkpoint); all or nothing.
+  /// Sharded: collective.
+  virtual void load_file(const std::filesystem::path& file, const LoadOptions& options) = 0;
   /// Before each step: a device engine follows the framework's current stream.
   virtual void before_step() {}
   virtual int rank() const noexcept { return 0; }
@@ -136,6 +143,12 @@ class CoreOf : public Core {
   std::vector<std::byte> checkpoint() override { return checkpoint_bytes(opt_); }
   void load(std::span<const std::byte> bytes) override {
     load_checkpoint(opt_, bytes, LoadOptions{.params = ParamValues::ignore});
+  }
+  void save_file(const std::filesystem::path& file, const SaveOptions& options) override {
+    skewadam::save_checkpoint(opt_, file, options);
+  }
+  void load_file(const std::filesystem::path& file, const LoadOptions& options) override {
+    skewadam::load_checkpoint(opt_, file, options);
   }
   int rank() const noexcept override {
     if constexpr (Opt::sharded) return opt_.rank();
@@ -221,6 +234,14 @@ class DeviceCore final : public CoreOf<Opt> {
   void load(std::span<const std::byte> bytes) override {
     const typename Device::Guard g(device_);
     Base::load(bytes);
+  }
+  void save_file(const std::filesystem::path& file, const SaveOptions& options) override {
+    const typename Device::Guard g(device_);
+    Base::save_file(file, options);
+  }
+  void load_file(const std::filesystem::path& file, const LoadOptions& options) override {
+    const typename Device::Guard g(device_);
+    Base::load_file(file, options);
   }
 
  private:

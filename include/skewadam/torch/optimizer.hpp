@@ -47,7 +47,9 @@
 // docs/checkpoint-format.md) as one byte tensor, so a state saved through
 // torch loads with skewadam::load_checkpoint and back; load() checks every
 // name, tier, rule, dtype and shape before it changes anything, and a resumed
-// run continues bit for bit.
+// run continues bit for bit. save_checkpoint()/load_checkpoint() write and
+// read the library's checkpoint file itself, the one skewadam::save_checkpoint
+// writes in C++ (and the Python package's skewadam.save_checkpoint).
 //
 // Sharding over a torch process group (Options::process_group, with LibTorch
 // built with distributed support): every rank builds the optimizer with the
@@ -65,10 +67,12 @@
 // parameters' device).
 //
 // This header is not part of <skewadam/skewadam.hpp>: it needs LibTorch.
+//
+// Layout: options.hpp (Options, GroupOptions), tensors.hpp (dtypes, shapes,
+// views, ParamState), archive.hpp (the torch::serialize archive), core.hpp
+// (the library's optimizer behind one interface), this file (the class).
 
 #include <ATen/ATen.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -77,15 +81,14 @@
 #include <torch/serialize/archive.h>
 #include <torch/version.h>
 
-#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <span>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -93,14 +96,6 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
-
-#if !defined(SKEWADAM_TORCH_DISTRIBUTED)
-#if __has_include(<torch/csrc/distributed/c10d/ProcessGroup.hpp>)
-#define SKEWADAM_TORCH_DISTRIBUTED 1
-#else
-#define SKEWADAM_TORCH_DISTRIBUTED 0
-#endif
-#endif
 
 #include "../checkpoint.hpp"
 #include "../decode_momentum.hpp"
@@ -115,247 +110,12 @@
 #include "../tier.hpp"
 #include "../tier_assignment.hpp"
 #include "../tier_rules.hpp"
+#include "archive.hpp"
 #include "core.hpp"
-#if SKEWADAM_TORCH_DISTRIBUTED
-#include "process_group.hpp"
-#endif
+#include "options.hpp"
+#include "tensors.hpp"
 
 namespace skewadam::libtorch {
-
-static_assert(sizeof(c10::BFloat16) == sizeof(bf16) && sizeof(c10::Half) == sizeof(f16),
-              "skewadam::libtorch: LibTorch's 16-bit types must have the layout of skewadam's");
-
-/// Version of the layout save() writes: 2, the library's checkpoint bytes
-/// under "checkpoint" (1, a layout of its own, is no longer read).
-inline constexpr std::int64_t archive_format_version = 2;
-
-/// What the optimizer is built with.
-struct Options {
-  /// Hyperparameters of each tier; they become the param groups' options.
-  PerTier<Hyperparameters> hyperparameters{};
-  /// Ordered name rules (defaults: experts, router/gate, backbone).
-  TierAssigner tier_rules{};
-  /// > 0: clip the global gradient norm to this before every step, as
-  /// torch::nn::utils::clip_grad_norm_ would, without writing the gradients.
-  double max_grad_norm = 0.0;
-  /// Stochastic-rounding seed of bf16/fp16 parameters.
-  std::uint64_t seed = 0x5eed5eedULL;
-  /// Threads of the optimizer step; 0: OpenMP's default.
-  int threads = 0;
-  /// What a step with a NaN or infinite gradient does (nonfinite.hpp): by
-  /// default it is skipped as a whole and last_step() names the gradient.
-  NonFinitePolicy nonfinite = NonFinitePolicy::skip_step;
-#if SKEWADAM_TORCH_DISTRIBUTED
-  /// Set: the state is sharded over this group's ranks and step() is
-  /// collective (see the top of this file). Null: one process.
-  c10::intrusive_ptr<::c10d::ProcessGroup> process_group{};
-  /// With process_group: where its collectives' bytes are staged. Unset:
-  /// the parameters' CUDA device for an NCCL group, else the CPU (Gloo, MPI).
-  std::optional<at::Device> process_group_staging{};
-  /// With process_group: expert banks dealt out by whole experts (the
-  /// default) or cut into row slices like the backbone.
-  dist::ExpertSharding expert_sharding = dist::ExpertSharding::experts;
-#endif
-
-  /// Every tier with the same hyperparameters.
-  static Options uniform(const Hyperparameters& h) {
-    Options o;
-    o.hyperparameters = {h, h, h};
-    return o;
-  }
-};
-
-/// A param group's options: its tier and that tier's hyperparameters.
-class GroupOptions : public ::torch::optim::OptimizerCloneableOptions<GroupOptions> {
- public:
-  GroupOptions() = default;
-  GroupOptions(Tier tier, const Hyperparameters& h) : tier_(tier), hyper_(h) {}
-
-  Tier tier() const noexcept { return tier_; }
-  const Hyperparameters& hyperparameters() const noexcept { return hyper_; }
-  Hyperparameters& hyperparameters() noexcept { return hyper_; }
-
-  double get_lr() const override { return hyper_.lr; }
-  void set_lr(const double lr) override { hyper_.lr = lr; }
-
-  void serialize(::torch::serialize::OutputArchive& archive) const override {
-    archive.write("tier", c10::IValue(static_cast<std::int64_t>(tier_index(tier_))));
-    archive.write("lr", c10::IValue(hyper_.lr));
-    archive.write("beta1", c10::IValue(hyper_.beta1));
-    archive.write("beta2", c10::IValue(hyper_.beta2));
-    archive.write("eps", c10::IValue(hyper_.eps));
-    archive.write("weight_decay", c10::IValue(hyper_.weight_decay));
-    archive.write("clip_threshold", c10::IValue(hyper_.clip_threshold));
-    archive.write("clip_scope", c10::IValue(static_cast<std::int64_t>(hyper_.clip_scope)));
-  }
-
-  void serialize(::torch::serialize::InputArchive& archive) override {
-    auto number = [&](const char* key) {
-      c10::IValue v;
-      archive.read(key, v);
-      if (!v.isDouble()) throw std::invalid_argument(std::string("archive: hyperparameter '") + key + "' is not a number");
-      return v.toDouble();
-    };
-    auto integer = [&](const char* key) {
-      c10::IValue v;
-      archive.read(key, v);
-      if (!v.isInt()) throw std::invalid_argument(std::string("archive: '") + key + "' is not an integer");
-      return v.toInt();
-    };
-    const std::int64_t t = integer("tier");
-    if (t < 0 || t >= tier_count) throw std::invalid_argument("archive: tier " + std::to_string(t) + " is out of range");
-    const std::int64_t scope = integer("clip_scope");
-    if (scope != 0 && scope != 1)
-      throw std::invalid_argument("archive: clip_scope " + std::to_string(scope) + " is out of range");
-    Hyperparameters h;
-    h.lr = number("lr");
-    h.beta1 = number("beta1");
-    h.beta2 = number("beta2");
-    h.eps = number("eps");
-    h.weight_decay = number("weight_decay");
-    h.clip_threshold = number("clip_threshold");
-    h.clip_scope = static_cast<ClipScope>(scope);
-    validate(h, std::string("archive.") + std::string(tier_name(static_cast<Tier>(t))));
-    tier_ = static_cast<Tier>(t);
-    hyper_ = h;
-  }
-
- private:
-  Tier tier_ = Tier::backbone;
-  Hyperparameters hyper_{};
-};
-
-/// One parameter's state as seen through torch: tensors that view the
-/// optimizer's own fp32 state (undefined when the rule keeps none).
-///   m      first moment, the parameter's shape
-///   v      exact second moment, the parameter's shape
-///   v_row  factored second moment, [..., r]
-///   v_col  factored second moment, [..., c]
-/// Writing to them changes the optimizer's state; never resize them.
-class ParamState : public ::torch::optim::OptimizerCloneableParamState<ParamState> {
- public:
-  std::string name;
-  Tier tier = Tier::backbone;
-  std::int64_t step = 0;  ///< updates received so far
-  at::Tensor m, v, v_row, v_col;
-
-  /// Bytes of state (docs/spec.md §2; the step counter is not counted).
-  std::int64_t bytes() const {
-    std::int64_t b = 0;
-    for (const at::Tensor* t : {&m, &v, &v_row, &v_col})
-      if (t->defined()) b += t->numel() * 4;
-    return b;
-  }
-
-  void serialize(::torch::serialize::OutputArchive& archive) const override {
-    archive.write("step", c10::IValue(step));
-    if (m.defined()) archive.write("m", m, true);
-    if (v.defined()) archive.write("v", v, true);
-    if (v_row.defined()) archive.write("v_row", v_row, true);
-    if (v_col.defined()) archive.write("v_col", v_col, true);
-  }
-  void serialize(::torch::serialize::InputArchive&) override {
-    throw std::logic_error("skewadam::libtorch::ParamState: read the state with Optimizer::load()");
-  }
-};
-
-namespace detail {
-
-/// The state map's key: a string in LibTorch 1.x (and 2.0/2.1), the
-/// TensorImpl's address from 2.2 on. Deduced from the map rather than from
-/// TORCH_VERSION, so every release compiles.
-using TorchStateMap =
-    std::remove_cv_t<std::remove_reference_t<decltype(std::declval<::torch::optim::Optimizer&>().state())>>;
-using TorchStateKey = typename TorchStateMap::key_type;
-
-template <class Key>
-Key state_key_of(const at::Tensor& p) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream s;  // the format torch's own optimizers use for these keys
-    s << static_cast<const void*>(p.unsafeGetTensorImpl());
-    return s.str();
-  } else {
-    return static_cast<Key>(p.unsafeGetTensorImpl());
-  }
-}
-
-}  // namespace detail
-
-/// The key of a parameter's entry in a torch::optim::Optimizer's state():
-/// a string in LibTorch 1.x (and 2.0/2.1), the TensorImpl's address from 2.2
-/// on, as torch's own optimizers form it.
-inline detail::TorchStateKey state_key(const at::Tensor& p) { return detail::state_key_of<detail::TorchStateKey>(p); }
-
-namespace detail {
-
-inline Dtype dtype_of_tensor(const at::Tensor& t, const std::string& who) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return Dtype::f32;
-    case at::kBFloat16: return Dtype::bf16;
-    case at::kHalf: return Dtype::f16;
-    default:
-      throw std::invalid_argument(who + ": dtype " + std::string(c10::toString(t.scalar_type())) +
-                                  " is not supported (float32, bfloat16 or float16)");
-  }
-}
-
-inline Shape shape_of_tensor(const at::Tensor& t, const std::string& who) {
-  const auto sizes = t.sizes();
-  if (sizes.empty()) return Shape({1}, who);  // a scalar is a one-element vector
-  if (static_cast<int>(sizes.size()) > max_rank)
-    throw std::invalid_argument(who + ": rank " + std::to_string(sizes.size()) + " is above the supported " +
-                                std::to_string(max_rank));
-  return Shape(sizes.begin(), static_cast<index_t>(sizes.size()), who);
-}
-
-inline ParamView param_view(const at::Tensor& t, Dtype d, const Shape& s) {
-  ParamView v;
-  v.data = t.data_ptr();
-  v.dtype = d;
-  v.shape = s;
-  return v;
-}
-
-inline GradView grad_view(const at::Tensor& g, Dtype d, const Shape& s) {
-  GradView v;
-  v.data = g.data_ptr();
-  v.dtype = d;
-  v.shape = s;
-  return v;
-}
-
-/// A float tensor viewing `span` (no copy) on `device`, or an undefined tensor.
-inline at::Tensor view_of(std::span<const float> span, std::vector<std::int64_t> sizes, at::Device device) {
-  if (span.empty()) return {};
-  return at::from_blob(const_cast<float*>(span.data()), sizes, at::TensorOptions().dtype(at::kFloat).device(device));
-}
-
-/// Logical shapes of the state arrays of a parameter of `shape`.
-struct StateShapes {
-  std::vector<std::int64_t> m, full, rows, cols;
-};
-/// The logical shapes of a parameter's state arrays under its rule's
-/// layout: those of the checkpoint format (a momentum stored in fewer bits
-/// is its words, flat: state_layout.hpp).
-inline StateShapes state_shapes(const Shape& shape, StateLayout layout) {
-  StateShapes s;
-  s.full.assign(shape.begin(), shape.end());
-  s.m = s.full;
-  if (layout.momentum && layout.storage != MomentumStorage::f32)
-    s.m = {static_cast<std::int64_t>(momentum_words(layout, shape.matrices()))};
-  const MatrixGeometry g = shape.matrices();
-  if (shape.rank() >= 2) {
-    s.rows.assign(shape.begin(), shape.end() - 1);                    // [..., r]
-    s.cols.assign(shape.begin(), shape.end() - 2);                    // [..., c]
-    s.cols.push_back(g.cols);
-  } else {
-    s.rows = {g.rows};
-    s.cols = {g.cols};
-  }
-  return s;
-}
-
-}  // namespace detail
 
 /// SkewAdam (or any TierRules variant) behind torch's Optimizer interface.
 template <class Tiers = SkewAdamTiers, class Backend = backend::DefaultBackend>
@@ -376,10 +136,7 @@ class Optimizer : public ::torch::optim::Optimizer {
       : ::torch::optim::Optimizer(std::vector<::torch::optim::OptimizerParamGroup>{},
                                   std::make_unique<GroupOptions>(Tier::backbone, options.hyperparameters.backbone)),
         rules_(std::move(options.tier_rules)),
-        max_grad_norm_(options.max_grad_norm) {
-    if (!(max_grad_norm_ >= 0.0) || !std::isfinite(max_grad_norm_))
-      throw std::invalid_argument("Options.max_grad_norm = " + std::to_string(max_grad_norm_) +
-                                  ": must be finite and >= 0 (0 turns clipping off)");
+        max_grad_norm_(skewadam::detail::checked_max_grad_norm(options.max_grad_norm, "Options.max_grad_norm")) {
     for (Tier t : all_tiers)
       validate(options.hyperparameters[t], "Options.hyperparameters." + std::string(tier_name(t)));
     device_ = device_of(named_parameters);
@@ -639,12 +396,7 @@ class Optimizer : public ::torch::optim::Optimizer {
       for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
       local = core_->checkpoint();
     }
-    const std::vector<std::byte>& bytes = *source;
-    const auto n = static_cast<std::int64_t>(bytes.size());
-    archive.write("skewadam_format", c10::IValue(archive_format_version));
-    archive.write("checkpoint",
-                  at::from_blob(const_cast<std::byte*>(bytes.data()), {n}, at::TensorOptions().dtype(at::kByte)).clone(),
-                  true);  // clone(): the archive owns a copy
+    detail::write_archive(archive, *source);
   }
 
   /// A host copy of the complete state (optimizer_state.hpp), with the
@@ -690,21 +442,40 @@ class Optimizer : public ::torch::optim::Optimizer {
   /// state. Sharded: collective, every rank loads the same archive (rank
   /// 0's) and keeps its share.
   void load(::torch::serialize::InputArchive& archive) override {
-    const std::int64_t format = read_int(archive, "skewadam_format");
-    if (format != archive_format_version)
-      throw std::invalid_argument("archive: format version " + std::to_string(format) + ", this build reads " +
-                                  std::to_string(archive_format_version));
-    at::Tensor t;
-    if (!archive.try_read("checkpoint", t, true) || t.scalar_type() != at::kByte || t.dim() != 1)
-      throw std::invalid_argument("archive: 'checkpoint' (a byte tensor) is missing");
-    const at::Tensor c = t.to(at::kCPU).contiguous();
-    const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(c.data_ptr<std::uint8_t>()),
-                                           static_cast<std::size_t>(c.numel()));
+    const at::Tensor bytes = detail::read_archive(archive);
     try {
-      core_->load(bytes);
+      core_->load(detail::bytes_of(bytes));
     } catch (const CheckpointError& e) {
       throw std::invalid_argument(std::string("archive: ") + e.what());
     }
+    for (Tier tier : all_tiers) group_options(tier) = GroupOptions(tier, core_->hyperparameters(tier));
+    consolidated_.reset();
+    refresh_views();
+  }
+
+  /// Writes the complete state as the library's checkpoint file, exactly as
+  /// skewadam::save_checkpoint writes it for the C++ optimizer over the same
+  /// parameters (the param groups' hyperparameters are the tiers'), so a run
+  /// saved here resumes in C++ and the other way round, bit for bit.
+  /// `options.include_params` also stores the parameter values. Atomic (a
+  /// temporary file renamed over `file`). Sharded: collective, rank 0 writes.
+  void save_checkpoint(const std::filesystem::path& file, const SaveOptions& options = {}) {
+    check_groups();
+    for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
+    core_->save_file(file, options);
+  }
+
+  /// Loads a checkpoint file written by save_checkpoint() here or by
+  /// skewadam::save_checkpoint in C++ (the same parameters by name, in any
+  /// order): the state, the step count, the seed and the tiers'
+  /// hyperparameters (which become the param groups' options), and the
+  /// parameter values where the file holds them (`options`). All or nothing:
+  /// on any mismatch it throws CheckpointError saying what differs, and
+  /// nothing changes. Tensors taken from state() or param_state() before no
+  /// longer view the optimizer's state. Sharded: collective.
+  void load_checkpoint(const std::filesystem::path& file, const LoadOptions& options = {}) {
+    check_groups();
+    core_->load_file(file, options);
     for (Tier tier : all_tiers) group_options(tier) = GroupOptions(tier, core_->hyperparameters(tier));
     consolidated_.reset();
     refresh_views();
@@ -928,11 +699,6 @@ class Optimizer : public ::torch::optim::Optimizer {
     }
   }
 
-  static std::int64_t read_int(::torch::serialize::InputArchive& a, const std::string& key) {
-    c10::IValue v;
-    if (!a.try_read(key, v) || !v.isInt()) throw std::invalid_argument("archive: integer '" + key + "' is missing");
-    return v.toInt();
-  }
   TierAssigner rules_;
   double max_grad_norm_ = 0.0;
   at::Device device_ = at::Device(at::kCPU);
