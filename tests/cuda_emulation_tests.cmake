@@ -10,6 +10,7 @@ target_link_libraries(skewadam-cuda-emulation-tests PRIVATE skewadam::skewadam s
                       doctest::doctest)
 target_include_directories(skewadam-cuda-emulation-tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/support)
 skewadam_golden_definitions(skewadam-cuda-emulation-tests)
+skewadam_widest_level_only(skewadam-cuda-emulation-tests)
 # The kernels run here as the GPU runs them, without contraction into fused
 # multiply-adds (CUDA: -fmad=false), so that the rounding test can hold the
 # emulated kernels to the CPU backend's bits, which it compiles the same way.

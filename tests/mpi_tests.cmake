@@ -108,6 +108,7 @@ endforeach()
 # The sharded optimizer against the single-process one, on a mixed model.
 add_executable(skewadam-mpi-tests ${CMAKE_CURRENT_SOURCE_DIR}/mpi/test_sharded_mpi.cpp)
 target_link_libraries(skewadam-mpi-tests PRIVATE skewadam::skewadam skewadam_tooling skewadam_warnings MPI::MPI_CXX)
+skewadam_widest_level_only(skewadam-mpi-tests)
 foreach(_ranks 2 3 4)
   skewadam_add_mpi_test(unit-mpi/sharded-vs-single/ranks-${_ranks} ${_ranks} $<TARGET_FILE:skewadam-mpi-tests>)
 endforeach()

@@ -29,6 +29,8 @@ add_library(skewadam-torch-test-common OBJECT ${_torch_common_sources}
 target_include_directories(skewadam-torch-test-common PUBLIC ${_torch_test_includes})
 target_link_libraries(skewadam-torch-test-common PUBLIC skewadam::skewadam ${TORCH_LIBRARIES} doctest::doctest)
 target_compile_features(skewadam-torch-test-common PUBLIC cxx_std_20)
+# (public: the executables' own sources, linked with these, define it alike)
+target_compile_definitions(skewadam-torch-test-common PUBLIC SKEWADAM_DISPATCH_WIDEST_ONLY)
 skewadam_unity_tests(skewadam-torch-test-common 4)
 if(TARGET skewadam_warnings)
   target_link_libraries(skewadam-torch-test-common PUBLIC skewadam_warnings)
@@ -112,6 +114,7 @@ target_include_directories(skewadam-torch-gloo-tests PRIVATE ${CMAKE_CURRENT_LIS
 target_link_libraries(skewadam-torch-gloo-tests PRIVATE skewadam::skewadam skewadam_tooling ${TORCH_LIBRARIES}
                       ${SKEWADAM_GLOO_LIBRARY})
 target_compile_features(skewadam-torch-gloo-tests PRIVATE cxx_std_20)
+skewadam_widest_level_only(skewadam-torch-gloo-tests)
 if(TARGET skewadam_warnings)
   target_link_libraries(skewadam-torch-gloo-tests PRIVATE skewadam_warnings)
 endif()

@@ -20,6 +20,13 @@
 // optimizer is built. A name that is unknown, not compiled in, or not
 // supported by this processor is an error (std::invalid_argument naming the
 // variable and the choices), never a silent fallback.
+//
+// A program that never runs another level than the widest, such as a test
+// program whose kernels' levels are tested elsewhere, may define
+// SKEWADAM_DISPATCH_WIDEST_ONLY: its default backend then holds the kernels of
+// the widest level compiled in alone (it compiles in a fraction of the time),
+// and a SKEWADAM_CPU_ARCH that names another level is refused when an
+// optimizer is built. CpuBackend<Tag> of an explicit level is unaffected.
 
 #include <xsimd/xsimd.hpp>
 
@@ -180,6 +187,13 @@ inline CpuArch parse_arch(std::string_view name, std::string_view what) {
   }
   throw std::invalid_argument(std::string(what) + "=" + std::string(name) +
                               ": unknown CPU architecture; available: " + choices);
+}
+
+/// The widest level compiled in (scalar when no SIMD level is).
+constexpr CpuArch widest_compiled() noexcept {
+  for (CpuArch a : all_levels)
+    if (compiled(a)) return a;
+  return CpuArch::scalar;
 }
 
 /// The level the default backend runs: SKEWADAM_CPU_ARCH if set (and

@@ -100,7 +100,18 @@ class CpuBackend {
   /// Checks the architecture choice (SKEWADAM_CPU_ARCH) up front: an invalid
   /// one throws here, before any parameter is registered.
   CpuBackend() {
-    if constexpr (std::is_same_v<Arch, DispatchArch>) (void)cpu::selected_arch();
+    if constexpr (std::is_same_v<Arch, DispatchArch>) {
+      const CpuArch a = cpu::selected_arch();
+#if defined(SKEWADAM_DISPATCH_WIDEST_ONLY)
+      if (a != cpu::widest_compiled())
+        throw std::invalid_argument(std::string("SKEWADAM_CPU_ARCH=") + cpu::level_name(a) +
+                                    ": this program's default backend holds the " +
+                                    cpu::level_name(cpu::widest_compiled()) +
+                                    " kernels alone (SKEWADAM_DISPATCH_WIDEST_ONLY)");
+#else
+      (void)a;
+#endif
+    }
   }
   explicit CpuBackend(const OptimizerOptions& options) : CpuBackend() { set_threads(options.threads); }
 
@@ -109,9 +120,13 @@ class CpuBackend {
 
   template <class Rule, class P, class G>
   static const KernelTable* kernels() {
-    if constexpr (std::is_same_v<Arch, DispatchArch>)
+    if constexpr (std::is_same_v<Arch, DispatchArch>) {
+#if defined(SKEWADAM_DISPATCH_WIDEST_ONLY)
+      return cpu::Kernels<Rule, P, G, cpu::arch_tag_t<cpu::widest_compiled()>>::table();
+#else
       return cpu::visit_arch(cpu::selected_arch(), []<class A>() { return cpu::Kernels<Rule, P, G, A>::table(); });
-    else
+#endif
+    } else
       return cpu::Kernels<Rule, P, G, Arch>::table();
   }
 
