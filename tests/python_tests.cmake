@@ -2,7 +2,9 @@
 # of the build folder by the README's command, whenever its sources or the
 # library's headers change, and its pytest suite run by ctest: every golden
 # case (tests/golden, and SKEWADAM_GOLDEN_DIR's when given) bit for bit
-# against skewadam-replay, then the optimizer's behaviour.
+# against skewadam-replay, then the optimizer's behaviour, then checkpoint
+# files passed between Python and C++ (skewadam-checkpoint-interop, the C++
+# half: checkpoint/interop.cpp).
 set(SKEWADAM_PYTHON_VENV ${CMAKE_BINARY_DIR}/python-venv)
 file(GLOB_RECURSE _py_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/python/src/*
      ${PROJECT_SOURCE_DIR}/python/skewadam/*.py ${PROJECT_SOURCE_DIR}/include/skewadam/*)
@@ -17,11 +19,19 @@ add_custom_command(
   VERBATIM)
 add_custom_target(skewadam-python ALL DEPENDS ${SKEWADAM_PYTHON_VENV}/installed.stamp)
 
-foreach(_suite IN ITEMS golden optimizer)
+add_executable(skewadam-checkpoint-interop ${CMAKE_CURRENT_LIST_DIR}/checkpoint/interop.cpp)
+target_link_libraries(skewadam-checkpoint-interop PRIVATE skewadam::skewadam skewadam_tooling)
+skewadam_widest_level_only(skewadam-checkpoint-interop)
+if(TARGET skewadam_warnings)
+  target_link_libraries(skewadam-checkpoint-interop PRIVATE skewadam_warnings)
+endif()
+
+foreach(_suite IN ITEMS golden optimizer checkpoint)
   add_test(NAME python/${_suite}
            COMMAND ${SKEWADAM_PYTHON_VENV}/bin/python -m pytest -q -p no:cacheprovider
                    ${PROJECT_SOURCE_DIR}/python/tests/test_${_suite}.py)
-  set(_env "SKEWADAM_REPLAY=$<TARGET_FILE:skewadam-replay>")
+  set(_env "SKEWADAM_REPLAY=$<TARGET_FILE:skewadam-replay>"
+           "SKEWADAM_CHECKPOINT_INTEROP=$<TARGET_FILE:skewadam-checkpoint-interop>")
   if("golden-external" IN_LIST SKEWADAM_GOLDEN_SETS)
     list(APPEND _env "SKEWADAM_GOLDEN_DIR=${SKEWADAM_GOLDEN_DIR_golden-external}")
   else()

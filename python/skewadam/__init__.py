@@ -6,13 +6,15 @@ model keeps only the optimizer state that pays.
 
 The classes are torch.optim.Optimizer subclasses over the header-only C++
 library (CPU backend; CUDA backend when built with it). See TieredOptimizer
-for the keyword arguments they share.
+for the keyword arguments they share. save_checkpoint() and load_checkpoint()
+write and read the library's checkpoint file, the one C++ programs write.
 """
 
 from . import _skewadam
 from .optim import (
     AdafactorLike,
     AdamW,
+    CheckpointError,
     ExactExpertsAblation,
     ExpertMomentumAblation,
     FactoredRouterAblation,
@@ -23,6 +25,8 @@ from .optim import (
     StepReport,
     TieredOptimizer,
     UniformAblation,
+    load_checkpoint,
+    save_checkpoint,
 )
 
 __version__ = _skewadam.version
@@ -32,6 +36,7 @@ cuda = _skewadam.cuda
 __all__ = [
     "AdafactorLike",
     "AdamW",
+    "CheckpointError",
     "ExactExpertsAblation",
     "ExpertMomentumAblation",
     "FactoredRouterAblation",
@@ -43,4 +48,6 @@ __all__ = [
     "TieredOptimizer",
     "UniformAblation",
     "cuda",
+    "load_checkpoint",
+    "save_checkpoint",
 ]

@@ -7,9 +7,8 @@ the parameters' own memory (CPU, or one CUDA device), with no copy of
 parameters or gradients.
 """
 
-import math
 import numbers
-import re
+import os
 
 import torch
 
@@ -17,11 +16,11 @@ from . import _skewadam
 
 TIERS = ("backbone", "experts", "router")
 HYPER_KEYS = ("lr", "betas", "eps", "weight_decay", "clip_threshold", "clip_scope")
-NONFINITE = ("skip", "raise", "unchecked")
 STATE_ARRAYS = ("m", "v", "v_row", "v_col")
 STATE_FORMAT = 1
 
 NonFiniteGradientError = _skewadam.NonFiniteGradientError
+CheckpointError = _skewadam.CheckpointError
 
 
 class StepReport:
@@ -46,26 +45,32 @@ class StepReport:
         return f"StepReport(applied={self.applied}, {self.message!r})"
 
 
+# The Python half only translates: it turns Python values into the types the
+# compiled library takes (a TypeError naming the argument where that is
+# impossible), and the library checks every value, raising ValueError with
+# the argument's name (its C++ checks; nothing is checked twice).
+
 def _number(value, key, where):
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{where}{key}: expected a number, got {type(value).__name__}")
-    value = float(value)
-    if math.isnan(value):
-        raise ValueError(f"{where}{key}: NaN")
+    return float(value)
+
+
+def _string(value, key, where=""):
+    if not isinstance(value, str):
+        raise TypeError(f"{where}{key}: expected a str, got {type(value).__name__}")
     return value
 
 
 def _hyper_tuple(h, where):
     """(lr, beta1, beta2, eps, weight_decay, clip_threshold, clip_scope) of a
-    dict holding HYPER_KEYS, checked; the library checks the ranges."""
+    dict holding HYPER_KEYS, as the library takes them (it checks them)."""
     betas = h["betas"]
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:
         raise TypeError(f"{where}betas: expected a pair (beta1, beta2), got {betas!r}")
-    scope = h["clip_scope"]
-    if scope not in ("tensor", "matrix"):
-        raise ValueError(f"{where}clip_scope: {scope!r} (expected 'tensor' or 'matrix')")
+    scope = _string(h["clip_scope"], "clip_scope", where)
     return (_number(h["lr"], "lr", where), _number(betas[0], "betas[0]", where), _number(betas[1], "betas[1]", where),
             _number(h["eps"], "eps", where), _number(h["weight_decay"], "weight_decay", where),
             _number(h["clip_threshold"], "clip_threshold", where), scope)
@@ -122,9 +127,9 @@ class TieredOptimizer(torch.optim.Optimizer):
             floor under the second-moment estimate; AdamW adds it to sqrt(v)).
         clip_scope: "tensor" (one update RMS per tensor) or "matrix" (one per
             [r, c] matrix of a stacked expert bank).
-        max_grad_norm: None, or clip the global gradient norm to this before
-            every step (as torch.nn.utils.clip_grad_norm_, without writing the
-            gradients).
+        max_grad_norm: None or 0 (off), or clip the global gradient norm to
+            this before every step (as torch.nn.utils.clip_grad_norm_, without
+            writing the gradients).
         nonfinite: a step with a NaN or infinite gradient is skipped as a
             whole ("skip", last_step() says which), raises
             NonFiniteGradientError ("raise"), or is not checked ("unchecked").
@@ -134,7 +139,8 @@ class TieredOptimizer(torch.optim.Optimizer):
             the rest -> backbone).
         per_tier: {tier: {keyword: value}} overrides of lr, betas, eps,
             weight_decay, clip_threshold and clip_scope.
-        threads: CPU threads of the step (default: torch.get_num_threads()).
+        threads: CPU threads of the step (default: torch.get_num_threads();
+            0: the hardware's count).
 
     One param group per tier, in the order backbone, experts, router, each
     with a "tier" key (a group may be empty): torch.optim.lr_scheduler and
@@ -168,31 +174,19 @@ class TieredOptimizer(torch.optim.Optimizer):
                                          f"{', '.join(HYPER_KEYS)})")
                     tiers[tier][key] = tuple(value) if key == "betas" and isinstance(value, (tuple, list)) else value
         hyper = [_hyper_tuple(tiers[t], f"{t}.") for t in TIERS]
-        if max_grad_norm is None:
-            norm = 0.0
-        else:
-            norm = _number(max_grad_norm, "max_grad_norm", "")
-            if not (norm > 0.0 and math.isfinite(norm)):
-                raise ValueError(f"max_grad_norm: {max_grad_norm!r} (expected None or a finite number > 0)")
-        if nonfinite not in NONFINITE:
-            raise ValueError(f"nonfinite: {nonfinite!r} (expected 'skip', 'raise' or 'unchecked')")
+        norm = 0.0 if max_grad_norm is None else _number(max_grad_norm, "max_grad_norm", "")
+        _string(nonfinite, "nonfinite")
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**64:
             raise TypeError(f"seed: expected an integer in [0, 2**64), got {seed!r}")
         rules = []
         for i, rule in enumerate(tier_rules):
             if not isinstance(rule, (tuple, list)) or len(rule) != 2 or not all(isinstance(x, str) for x in rule):
                 raise TypeError(f"tier_rules[{i}]: expected a (regex, tier) pair of strings, got {rule!r}")
-            if rule[1] not in TIERS:
-                raise ValueError(f"tier_rules[{i}]: unknown tier {rule[1]!r} (expected backbone, experts or router)")
-            try:
-                re.compile(rule[0])
-            except re.error as e:
-                raise ValueError(f"tier_rules[{i}]: bad regular expression {rule[0]!r}: {e}") from None
             rules.append((rule[0], rule[1]))
         if threads is None:
             threads = torch.get_num_threads()
-        if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
-            raise ValueError(f"threads: {threads!r} (expected an integer >= 1)")
+        if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or not -2**31 <= threads < 2**31:
+            raise TypeError(f"threads: expected an integer, got {threads!r}")
 
         self._engine = type(self)._engine_type(named, rules, hyper, norm, nonfinite, int(seed), int(threads))
         tensors = {}
@@ -467,6 +461,42 @@ class TieredOptimizer(torch.optim.Optimizer):
         for name in self._names:
             s = self._engine.param_state(name)
             self.state[self._tensor_of[name]] = {k: s[k] for k in STATE_ARRAYS if s[k] is not None}
+
+
+def _tiered(optimizer, where):
+    if not isinstance(optimizer, TieredOptimizer):
+        raise TypeError(f"{where}: expected a skewadam optimizer, got {type(optimizer).__name__}")
+    return optimizer
+
+
+def save_checkpoint(optimizer, path, include_params=False):
+    """Writes the optimizer's complete state as the library's checkpoint file
+    (docs/checkpoint-format.md): the file skewadam::save_checkpoint writes in
+    C++ for an optimizer of the same rules over parameters of the same names,
+    so a run saved here resumes in C++, and one saved in C++ resumes here
+    (load_checkpoint), bit for bit. The param groups' values are saved as the
+    tiers' hyperparameters. include_params also stores every parameter's
+    values, bit for bit. The file is replaced atomically (a temporary file
+    in the same folder, renamed over it)."""
+    opt = _tiered(optimizer, "save_checkpoint")
+    if not isinstance(include_params, bool):
+        raise TypeError(f"include_params: expected a bool, got {type(include_params).__name__}")
+    opt._engine.save_checkpoint(os.fspath(path), opt._group_hyper(), include_params)
+
+
+def load_checkpoint(optimizer, path):
+    """Loads a checkpoint file that save_checkpoint() or C++ wrote for the
+    same parameters (by name, in any order): the state, the step count, the
+    seed, the tiers' hyperparameters (into the param groups) and, where the
+    file holds them, the parameter values. Everything is checked first: on a
+    mismatch (or an unreadable file) it raises CheckpointError (a ValueError)
+    saying what differs, and nothing changes."""
+    opt = _tiered(optimizer, "load_checkpoint")
+    opt._engine.load_checkpoint(os.fspath(path))
+    for group, h in zip(opt.param_groups, opt._engine.hyperparameters()):
+        group.update(lr=h[0], betas=(h[1], h[2]), eps=h[3], weight_decay=h[4], clip_threshold=h[5],
+                     clip_scope=h[6])
+    opt._refresh_state()
 
 
 def _variant(name, engine, doc):

@@ -233,6 +233,30 @@ class Engine {
     opt_.import_state(std::move(s));
   }
 
+  /// Writes the library's checkpoint file with these hyperparameters (the
+  /// param groups' now); include_params also stores the parameter values.
+  void save_checkpoint(const std::string& path, const std::vector<HyperTuple>& hyper, bool include_params) {
+    const PerTier<Hyperparameters> h = per_tier_of(hyper);
+    for (Tier t : all_tiers) opt_.group_options(t).hyperparameters() = h[t];
+    const py::gil_scoped_release release;
+    opt_.save_checkpoint(path, SaveOptions{.include_params = include_params});
+  }
+
+  /// Loads a checkpoint file (and the parameter values it holds); all or
+  /// nothing.
+  void load_checkpoint(const std::string& path) {
+    const py::gil_scoped_release release;
+    opt_.load_checkpoint(path);
+  }
+
+  /// The tiers' hyperparameters the optimizer holds (after a load: the
+  /// file's), in the order backbone, experts, router.
+  std::vector<HyperTuple> hyperparameters() const {
+    std::vector<HyperTuple> out;
+    for (Tier t : all_tiers) out.push_back(tuple_of(opt_.group_options(t).hyperparameters()));
+    return out;
+  }
+
  private:
   static libtorch::Options options(const std::vector<std::pair<std::string, std::string>>& tier_rules,
                                    const std::vector<HyperTuple>& hyper, double max_grad_norm,
@@ -281,7 +305,10 @@ void bind_engine(py::module_& m, const char* name) {
       .def("param_state", &E::param_state, py::arg("name"))
       .def("momentum", &E::momentum, py::arg("name"))
       .def("export_state", &E::export_state)
-      .def("import_state", &E::import_state, py::arg("steps"), py::arg("seed"), py::arg("hyper"), py::arg("params"));
+      .def("import_state", &E::import_state, py::arg("steps"), py::arg("seed"), py::arg("hyper"), py::arg("params"))
+      .def("save_checkpoint", &E::save_checkpoint, py::arg("path"), py::arg("hyper"), py::arg("include_params"))
+      .def("load_checkpoint", &E::load_checkpoint, py::arg("path"))
+      .def("hyperparameters", &E::hyperparameters);
 }
 
 }  // namespace skewadam::python

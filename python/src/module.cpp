@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include <skewadam/checkpoint/format.hpp>
 #include <skewadam/nonfinite.hpp>
 #include <skewadam/version.hpp>
 
@@ -19,6 +20,8 @@ PYBIND11_MODULE(_skewadam, m) {
   skewadam::python::bind_paper_variants(m);
   skewadam::python::bind_baselines(m);
   pybind11::register_exception<skewadam::NonFiniteGradientError>(m, "NonFiniteGradientError", PyExc_RuntimeError);
+  // A checkpoint file that cannot be read, or does not match the optimizer.
+  pybind11::register_exception<skewadam::CheckpointError>(m, "CheckpointError", PyExc_ValueError);
   m.attr("version") = std::to_string(skewadam::version_major) + "." + std::to_string(skewadam::version_minor) + "." +
                       std::to_string(skewadam::version_patch);
 #if defined(SKEWADAM_PYTHON_WITH_CUDA)
