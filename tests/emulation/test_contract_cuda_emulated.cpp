@@ -26,6 +26,7 @@ using namespace skewadam;
 struct EmulatedCudaLocal {
   static constexpr const char* name = "CUDA engine, emulated";
   static constexpr bool cpu_bits = false;
+  static constexpr bool cuts_matrices = false;
   static constexpr bool emulated = true;
   template <class Tiers>
   static auto make(const PerTier<Hyperparameters>& h, OptimizerOptions o) {
@@ -44,6 +45,7 @@ struct EmulatedCudaLocal {
 struct EmulatedCudaSharded {
   static constexpr const char* name = "sharded CUDA engine over the self communicator, emulated";
   static constexpr bool cpu_bits = false;
+  static constexpr bool cuts_matrices = false;
   static constexpr bool emulated = true;
   static dist::SelfCommunicator& comm() {
     static dist::SelfCommunicator c;

@@ -1,6 +1,8 @@
 // The contract suite (support/contract_suite.hpp) over the configurations
-// every build has: the local CPU optimizer, and the sharded one over the self
-// communicator.
+// every build has: the local CPU optimizer, the sharded one over the self
+// communicator (one rank), and the sharded one at three ranks, each a thread
+// of this process (support/thread_ranks.hpp), which cuts matrices into row
+// slices between the ranks.
 
 #include <filesystem>
 #include <memory>
@@ -9,6 +11,8 @@
 #include <skewadam/dist/sharded_optimizer.hpp>
 #include <skewadam/skewadam.hpp>
 
+#include "thread_ranks.hpp"
+
 namespace test_contract {
 
 using namespace skewadam;
@@ -16,6 +20,7 @@ using namespace skewadam;
 struct ShardedSelf {
   static constexpr const char* name = "sharded over the self communicator";
   static constexpr bool cpu_bits = true;
+  static constexpr bool cuts_matrices = false;
   static constexpr bool emulated = false;
   static dist::SelfCommunicator& comm() {
     static dist::SelfCommunicator c;
@@ -35,7 +40,27 @@ struct ShardedSelf {
   }
 };
 
+struct ShardedThreeRanks {
+  static constexpr const char* name = "sharded at 3 ranks in threads";
+  static constexpr bool cpu_bits = false;  // a cut matrix's column sums are added in another grouping
+  static constexpr bool cuts_matrices = true;
+  static constexpr bool emulated = false;
+  template <class Tiers>
+  static auto make(const PerTier<Hyperparameters>& h, OptimizerOptions o) {
+    return std::make_unique<test::ThreadRanks<Tiers, 3>>(h, o);
+  }
+  template <class Opt>
+  static void save(Opt& opt, const std::filesystem::path& f) {
+    opt.save(f);
+  }
+  template <class Opt>
+  static void load(Opt& opt, const std::filesystem::path& f) {
+    opt.load(f);
+  }
+};
+
 }  // namespace test_contract
 
-#define SKEWADAM_CONTRACT_CONFIGURATIONS skewadam::contract::CpuLocal, ::test_contract::ShardedSelf
+#define SKEWADAM_CONTRACT_CONFIGURATIONS \
+  skewadam::contract::CpuLocal, ::test_contract::ShardedSelf, ::test_contract::ShardedThreeRanks
 #include "contract_suite.hpp"
