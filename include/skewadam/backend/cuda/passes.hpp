@@ -3,7 +3,7 @@
 // and dtypes: one launch per pass covers them all), and the work lists they
 // walk, cut when tensors are registered, by shape only but for a factored
 // matrix's statistics, whose row blocks are its share of the group's
-// statistics_blocks (kernels.cuh):
+// statistics_blocks (task.hpp):
 //
 //   units     factored: row blocks of the statistics pass, each with its
 //             column partials in the group's workspace; element-wise:
