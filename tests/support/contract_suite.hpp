@@ -448,7 +448,7 @@ TEST_CASE_TEMPLATE("contract: max_grad_norm clips every step as clip_grad_norm b
   every->step();
   manual->step();
   CHECK(Observed::take(a, *every) == Observed::take(b, *manual));
-  for (double bad : {-1.0, std::nan("")}) {
+  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
     try {
       every->set_max_grad_norm(bad);
       FAIL("accepted max_grad_norm = ", bad);
