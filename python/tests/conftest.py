@@ -2,7 +2,8 @@
 
 The tests run on the CPU, and again on a CUDA device when torch has one and
 this build of the package holds the CUDA engines (the `device` fixture).
-SKEWADAM_REPLAY names the skewadam-replay binary. The golden cases are the
+SKEWADAM_REPLAY names the skewadam-replay binary (and
+SKEWADAM_CHECKPOINT_INTEROP skewadam-checkpoint-interop). The golden cases are the
 project's (tests/golden) and, when SKEWADAM_GOLDEN_DIR names a folder, that
 folder's in addition (the CMake build sets both variables when ctest runs
 these tests).
@@ -31,14 +32,20 @@ def device(request):
     return torch.device(request.param)
 
 
+def program(variable, what):
+    """The C++ build's program that the environment variable names: the test
+    skips when it is not set, and fails when it names no executable."""
+    path = os.environ.get(variable)
+    if not path:
+        pytest.skip(f"{variable} is not set (the path of the C++ build's {what})")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"{variable}={path}: not an executable")
+    return path
+
+
 @pytest.fixture(scope="session")
 def replay():
-    path = os.environ.get("SKEWADAM_REPLAY")
-    if not path:
-        pytest.skip("SKEWADAM_REPLAY is not set (the path of the C++ build's skewadam-replay)")
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"SKEWADAM_REPLAY={path}: not an executable")
-    return path
+    return program("SKEWADAM_REPLAY", "skewadam-replay")
 
 
 GOLDEN_DIR = ROOT / "tests" / "golden"

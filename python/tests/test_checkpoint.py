@@ -7,7 +7,6 @@ model with the core library from the gradients this test writes: the two
 languages' files after the same steps must be identical byte for byte, and a
 run saved by either resumes in the other bit for bit."""
 
-import os
 import subprocess
 
 import numpy as np
@@ -15,6 +14,8 @@ import pytest
 import torch
 
 import skewadam
+
+from conftest import program
 
 # The model of interop.cpp, in its order: names, dtypes, shapes.
 MODEL = (
@@ -33,12 +34,7 @@ VARIANTS = {"skewadam": skewadam.SkewAdam, "skewadam-8bit": skewadam.SkewAdam8bi
 
 @pytest.fixture(scope="session")
 def interop():
-    path = os.environ.get("SKEWADAM_CHECKPOINT_INTEROP")
-    if not path:
-        pytest.skip("SKEWADAM_CHECKPOINT_INTEROP is not set (the C++ build's skewadam-checkpoint-interop)")
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"SKEWADAM_CHECKPOINT_INTEROP={path}: not an executable")
-    return path
+    return program("SKEWADAM_CHECKPOINT_INTEROP", "skewadam-checkpoint-interop")
 
 
 @pytest.fixture()
