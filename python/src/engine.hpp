@@ -102,8 +102,7 @@ class Engine {
 
   /// One step with these hyperparameters (the param groups' now).
   void step(const std::vector<HyperTuple>& hyper) {
-    const PerTier<Hyperparameters> h = per_tier_of(hyper);
-    for (Tier t : all_tiers) opt_.group_options(t).hyperparameters() = h[t];
+    set_hyperparameters(hyper);
     const py::gil_scoped_release release;
     opt_.step();
   }
@@ -111,10 +110,7 @@ class Engine {
   /// The step inside backward of one parameter (its hook's), with these
   /// hyperparameters; step() then ends the optimizer step.
   void step_parameter(const std::string& name, const std::vector<HyperTuple>& hyper) {
-    if (!opt_.engine_core().step_open()) {
-      const PerTier<Hyperparameters> h = per_tier_of(hyper);
-      for (Tier t : all_tiers) opt_.group_options(t).hyperparameters() = h[t];
-    }
+    if (!opt_.engine_core().step_open()) set_hyperparameters(hyper);
     const py::gil_scoped_release release;
     opt_.step_parameter(name);
   }
@@ -236,8 +232,7 @@ class Engine {
   /// Writes the library's checkpoint file with these hyperparameters (the
   /// param groups' now); include_params also stores the parameter values.
   void save_checkpoint(const std::string& path, const std::vector<HyperTuple>& hyper, bool include_params) {
-    const PerTier<Hyperparameters> h = per_tier_of(hyper);
-    for (Tier t : all_tiers) opt_.group_options(t).hyperparameters() = h[t];
+    set_hyperparameters(hyper);
     const py::gil_scoped_release release;
     opt_.save_checkpoint(path, SaveOptions{.include_params = include_params});
   }
@@ -258,6 +253,12 @@ class Engine {
   }
 
  private:
+  /// The param groups' hyperparameters (checked) as the adapter's groups'.
+  void set_hyperparameters(const std::vector<HyperTuple>& hyper) {
+    const PerTier<Hyperparameters> h = per_tier_of(hyper);
+    for (Tier t : all_tiers) opt_.group_options(t).hyperparameters() = h[t];
+  }
+
   static libtorch::Options options(const std::vector<std::pair<std::string, std::string>>& tier_rules,
                                    const std::vector<HyperTuple>& hyper, double max_grad_norm,
                                    const std::string& nonfinite, std::uint64_t seed, int threads) {

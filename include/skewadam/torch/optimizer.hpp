@@ -418,9 +418,7 @@ class Optimizer : public ::torch::optim::Optimizer {
   void import_state(OptimizerState state) {
     check_groups();
     core_->import_state(std::move(state));
-    for (Tier tier : all_tiers) group_options(tier) = GroupOptions(tier, core_->hyperparameters(tier));
-    consolidated_.reset();
-    refresh_views();
+    state_replaced();
   }
 
   /// Sharded: gathers the complete checkpoint onto rank 0 for save()
@@ -448,9 +446,7 @@ class Optimizer : public ::torch::optim::Optimizer {
     } catch (const CheckpointError& e) {
       throw std::invalid_argument(std::string("archive: ") + e.what());
     }
-    for (Tier tier : all_tiers) group_options(tier) = GroupOptions(tier, core_->hyperparameters(tier));
-    consolidated_.reset();
-    refresh_views();
+    state_replaced();
   }
 
   /// Writes the complete state as the library's checkpoint file, exactly as
@@ -476,9 +472,7 @@ class Optimizer : public ::torch::optim::Optimizer {
   void load_checkpoint(const std::filesystem::path& file, const LoadOptions& options = {}) {
     check_groups();
     core_->load_file(file, options);
-    for (Tier tier : all_tiers) group_options(tier) = GroupOptions(tier, core_->hyperparameters(tier));
-    consolidated_.reset();
-    refresh_views();
+    state_replaced();
   }
 
  private:
@@ -660,6 +654,15 @@ class Optimizer : public ::torch::optim::Optimizer {
         !(detail::shape_of_tensor(t, who) == p.shape))
       throw std::invalid_argument(who + ": its data moved or changed dtype or shape since the optimizer was built "
                                         "(create the optimizer after model->to(...))");
+  }
+
+  /// After the core's state was replaced (imported or loaded): the param
+  /// groups take its hyperparameters, a consolidated checkpoint is stale, and
+  /// the state tensors view the new arrays.
+  void state_replaced() {
+    for (Tier tier : all_tiers) group_options(tier) = GroupOptions(tier, core_->hyperparameters(tier));
+    consolidated_.reset();
+    refresh_views();
   }
 
   void check_groups() const {
