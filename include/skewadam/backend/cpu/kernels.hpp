@@ -35,13 +35,15 @@
 // The statistics pass reads rows in groups of K (8, or 4 with momentum): one
 // sweep over the group's columns streams its K rows from memory (K prefetch
 // streams, one load and store of colsum per K rows) and forms their R_i, a
-// second sweep adds their terms to D_j while they are still in cache. On
-// SIMD lanes the second sweep of a group runs in the same loop as the first
-// sweep of the next group (sweep_pair), so that the cached half runs while
-// the memory streams: run one after the other, the D sweep left the memory
-// idle (on a 2-vCPU Zen 5 the pass took 1.45x the time of a plain read of
-// g). Every sum is still formed in row order, each of its terms by the same
-// operations, so neither the grouping nor the pairing changes a bit.
+// second sweep adds their terms to D_j while they are still in cache. On x86
+// the two sweeps run one after the other. On NEON the second sweep of a
+// group runs in the same loop as the first sweep of the next (sweep_pair),
+// which takes fewer instructions per element there; on a 2-vCPU Zen 5 the
+// paired loop made the pass 1.24x slower than the two sweeps apart (the
+// cached loads and the memory streams slowed each other down;
+// bench/RESULTS.md), so x86 does not pair. Every sum is still formed in row
+// order, each of its terms by the same operations, so neither the grouping
+// nor the pairing changes a bit.
 //
 // The apply pass divides by nothing per element: the factored denominator
 // row_i * col_j is separable (the statistics algebra above relies on that
@@ -362,6 +364,9 @@ struct Kernels {
   /// the hardware prefetchers busy, and colsum / D are loaded and stored once
   /// per K rows. With momentum each row is two streams (g and m).
   static constexpr int group_rows = M::has_state ? 4 : 8;
+  /// Whether sweep 2 of a group runs with sweep 1 of the next (sweep_pair):
+  /// on NEON only (see the file comment).
+  static constexpr bool paired_sweeps = C::active && std::is_same_v<Arch, arch_tag_t<CpuArch::neon>>;
 
   /// Sweep 1 at column j (W lanes) of the K rows at `off`: g^2 into acc[k]
   /// and, in row order, into colsum_j; momentum update.
@@ -463,9 +468,9 @@ struct Kernels {
   }
 
   /// Rows [i, e) of matrix b, at most sum_block, into colsum and d: groups
-  /// of group_rows rows, then single rows. With clipping on SIMD lanes, the
-  /// sweep 2 of each group runs with the sweep 1 of the next (sweep_pair),
-  /// and the block's last group's alone.
+  /// of group_rows rows, then single rows. With paired_sweeps, the sweep 2
+  /// of each group runs with the sweep 1 of the next (sweep_pair), and the
+  /// block's last group's alone.
   static SKEWADAM_ALWAYS_INLINE void statistics_block(const TensorTask& t, const Ctx& x, index_t b, index_t i,
                                                       index_t e, float* colsum, float* d, Rng& mrng) {
     constexpr int K = group_rows;
@@ -474,7 +479,7 @@ struct Kernels {
     const auto momentum_rows = [&](index_t i0, index_t i1) {
       if constexpr (stored) update_momentum_blocks(x, b, i0 * x.cols, i1 * x.cols, mrng);
     };
-    if constexpr (C::active && width_v<V> > 1) {
+    if constexpr (paired_sweeps) {
       const index_t c = x.cols;
       const index_t base = b * x.rows;
       double sums[K];
