@@ -27,6 +27,8 @@ import statistics
 import subprocess
 import sys
 
+from ab import load_average  # bench/ab.py, beside this script
+
 TIERS = ["experts", "backbone", "router", "adamw"]
 SHAPE = {"router": "128x4096"}
 # NUM / DEN at THREADS must be at most LIMIT.
@@ -36,14 +38,6 @@ TARGETS = [
     ("step/experts/bf16", "step/experts/f32", 1, 0.60),
     ("step/backbone/f32", "step/adamw/f32", 1, 0.95),
 ]
-
-
-def load_average():
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "?"
 
 
 def names(threads):
