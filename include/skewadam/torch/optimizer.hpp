@@ -393,7 +393,7 @@ class Optimizer : public ::torch::optim::Optimizer {
                                "every rank first (and again after a step)");
       source = &*consolidated_;
     } else {
-      for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
+      push_groups();
       local = core_->checkpoint();
     }
     detail::write_archive(archive, *source);
@@ -403,8 +403,7 @@ class Optimizer : public ::torch::optim::Optimizer {
   /// param groups' hyperparameters; parameters in registration order
   /// (names()). Sharded: collective, every rank receives all of it.
   OptimizerState export_state() const {
-    check_groups();
-    for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
+    push_groups();
     return core_->export_state();
   }
 
@@ -425,8 +424,7 @@ class Optimizer : public ::torch::optim::Optimizer {
   /// (collective; the other ranks keep nothing). Unsharded: nothing to do.
   void consolidate_checkpoint() {
     if (!sharded()) return;
-    check_groups();
-    for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
+    push_groups();
     std::vector<std::byte> bytes = core_->checkpoint();
     if (rank() == 0) consolidated_ = std::move(bytes);
   }
@@ -456,8 +454,7 @@ class Optimizer : public ::torch::optim::Optimizer {
   /// `options.include_params` also stores the parameter values. Atomic (a
   /// temporary file renamed over `file`). Sharded: collective, rank 0 writes.
   void save_checkpoint(const std::filesystem::path& file, const SaveOptions& options = {}) {
-    check_groups();
-    for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
+    push_groups();
     core_->save_file(file, options);
   }
 
@@ -510,8 +507,7 @@ class Optimizer : public ::torch::optim::Optimizer {
 
   /// What every step begins with: the groups' hyperparameters.
   void begin_step() {
-    check_groups();
-    for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
+    push_groups();
     consolidated_.reset();  // a consolidated checkpoint is of the state before this step
     grad_copies_.clear();   // a device step's: no longer read (this step is on the same stream)
   }
@@ -663,6 +659,13 @@ class Optimizer : public ::torch::optim::Optimizer {
     for (Tier tier : all_tiers) group_options(tier) = GroupOptions(tier, core_->hyperparameters(tier));
     consolidated_.reset();
     refresh_views();
+  }
+
+  /// Before the core steps or its state is read: the param groups checked,
+  /// and their hyperparameters handed to the core.
+  void push_groups() const {
+    check_groups();
+    for (Tier t : all_tiers) core_->set_hyperparameters(t, group_options(t).hyperparameters());
   }
 
   void check_groups() const {
