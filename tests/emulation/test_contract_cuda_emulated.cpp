@@ -1,8 +1,10 @@
 // The contract suite (support/contract_suite.hpp) over the CUDA backend
 // (backend/cuda/cuda_backend.hpp) and the CUDA kernels, run on the host by the
 // emulated runtime (skewadam_tools/emulated_runtime.hpp): the whole GPU path above the CUDA
-// runtime's few calls, on machines without a GPU; and Eigen objects as its
-// parameters.
+// runtime's few calls, on machines without a GPU, local, sharded at one rank,
+// and sharded at three ranks, each a thread of this process
+// (support/thread_ranks.hpp), which cuts matrices into row slices; and Eigen
+// objects as its parameters.
 
 #include <skewadam_tools/emulated_runtime.hpp>
 
@@ -14,10 +16,11 @@
 
 #include <skewadam/checkpoint.hpp>
 #include <skewadam/dist/sharded_optimizer.hpp>
-#include <skewadam/checkpoint.hpp>
 #include <skewadam/placement/sharded.hpp>
 #include <skewadam/eigen_view.hpp>
 #include <skewadam/skewadam.hpp>
+
+#include "thread_ranks.hpp"
 
 namespace test_contract_cuda_emulated {
 
@@ -66,10 +69,30 @@ struct EmulatedCudaSharded {
   }
 };
 
+struct EmulatedCudaThreeRanks {
+  static constexpr const char* name = "sharded CUDA engine at 3 ranks in threads, emulated";
+  static constexpr bool cpu_bits = false;
+  static constexpr bool cuts_matrices = true;
+  static constexpr bool emulated = true;
+  template <class Tiers>
+  static auto make(const PerTier<Hyperparameters>& h, OptimizerOptions o) {
+    return std::make_unique<test::ThreadRanks<Tiers, 3, tools::EmulatedCuda>>(h, o);
+  }
+  template <class Opt>
+  static void save(Opt& opt, const std::filesystem::path& f) {
+    opt.save(f);
+  }
+  template <class Opt>
+  static void load(Opt& opt, const std::filesystem::path& f) {
+    opt.load(f);
+  }
+};
+
 }  // namespace test_contract_cuda_emulated
 
-#define SKEWADAM_CONTRACT_CONFIGURATIONS \
-  ::test_contract_cuda_emulated::EmulatedCudaLocal, ::test_contract_cuda_emulated::EmulatedCudaSharded
+#define SKEWADAM_CONTRACT_CONFIGURATIONS                                                     \
+  ::test_contract_cuda_emulated::EmulatedCudaLocal, ::test_contract_cuda_emulated::EmulatedCudaSharded, \
+      ::test_contract_cuda_emulated::EmulatedCudaThreeRanks
 #include "contract_suite.hpp"
 
 namespace test_contract_cuda_emulated {

@@ -5,7 +5,8 @@
 // includes this file: tests/unit/test_contract.cpp (CPU, sharded over the
 // self communicator, and at three ranks, each a thread of the process:
 // support/thread_ranks.hpp), tests/emulation/test_contract_cuda_emulated.cpp
-// (the CUDA engine over the emulated runtime, local and sharded at one rank).
+// (the CUDA engine over the emulated runtime: local, sharded at one rank, and
+// at three ranks in threads).
 //
 // A configuration is a type with a name, make<Tiers>(hyper, options)
 // returning an owner of a fresh optimizer, its checkpoint functions save /

@@ -1,6 +1,7 @@
 #pragma once
-// ThreadRanks<Tiers, N>: N ranks of the sharded optimizer in one process, each
-// a thread over one dist::ThreadGroup, behind the interface of one optimizer,
+// ThreadRanks<Tiers, N, Backend>: N ranks of the sharded optimizer on Backend
+// (the CPU's unless told otherwise) in one process, each a thread over one
+// dist::ThreadGroup, behind the interface of one optimizer,
 // so that the contract suite (contract_suite.hpp) runs them as one more
 // configuration: matrices cut into row slices between ranks, checked in every
 // build, with no MPI.
@@ -39,12 +40,12 @@
 
 namespace skewadam::test {
 
-template <class Tiers, int N>
+template <class Tiers, int N, class Backend = backend::DefaultBackend>
 class ThreadRanks {
   static_assert(N >= 1);
 
  public:
-  using Rank = dist::ShardedOptimizer<Tiers, dist::ThreadCommunicator>;
+  using Rank = Optimizer<Tiers, Backend, dist::Sharded<dist::ThreadCommunicator>>;
 
   ThreadRanks(const PerTier<Hyperparameters>& h, const OptimizerOptions& o) : group_(N) {
     for (int r = 0; r < N; ++r) comms_.push_back(group_.communicator(r));
