@@ -295,13 +295,10 @@ class TieredOptimizer(torch.optim.Optimizer):
         """Bytes of optimizer state (docs/spec.md §2), in all or in one tier."""
         if tier is None:
             return self._engine.state_bytes()
-        if tier not in TIERS:
-            raise ValueError(f"tier: {tier!r} (expected backbone, experts or router)")
         return self._engine.tier_state_bytes(tier)
 
     def tier_of(self, name):
         """The tier of a registered parameter."""
-        self._check_name(name)
         return self._engine.tier(name)
 
     def names(self):
@@ -311,7 +308,6 @@ class TieredOptimizer(torch.optim.Optimizer):
     def param_state(self, name):
         """{"step", "m", "v", "v_row", "v_col"}: tensors that view the
         parameter's state in place (None where its rule keeps no such array)."""
-        self._check_name(name)
         return self._engine.param_state(name)
 
     def momentum(self, name):
@@ -319,7 +315,6 @@ class TieredOptimizer(torch.optim.Optimizer):
         the CPU (None where its rule keeps none). param_state(name)["m"] is
         the stored array: for SkewAdamBf16Momentum and SkewAdam8bit, the
         backbone's momentum as the words of its blocks."""
-        self._check_name(name)
         return self._engine.momentum(name)
 
     @property
@@ -450,10 +445,6 @@ class TieredOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"param_groups[{i}]: the {tier} group's 'tier' was changed to {group.get('tier')!r}")
             out.append(_hyper_tuple(group, f"param_groups[{i}] ({tier})."))
         return out
-
-    def _check_name(self, name):
-        if name not in self._tensor_of:
-            raise ValueError(f"name: no parameter {name!r} is registered")
 
     def _refresh_state(self):
         """self.state: per parameter tensor, views of its state arrays."""

@@ -95,10 +95,7 @@ class Engine {
   Engine(const std::vector<std::pair<std::string, at::Tensor>>& named,
          const std::vector<std::pair<std::string, std::string>>& tier_rules, const std::vector<HyperTuple>& hyper,
          double max_grad_norm, const std::string& nonfinite, std::uint64_t seed, int threads)
-      : opt_(named, options(tier_rules, hyper, max_grad_norm, nonfinite, seed, threads)) {
-    for (const auto& [name, tensor] : named)
-      if (!sizes_.count(name)) sizes_.emplace(name, tensor.sizes().vec());
-  }
+      : opt_(named, options(tier_rules, hyper, max_grad_norm, nonfinite, seed, threads)) {}
 
   /// One step with these hyperparameters (the param groups' now).
   void step(const std::vector<HyperTuple>& hyper) {
@@ -176,10 +173,8 @@ class Engine {
     py::list params;
     for (std::size_t i = 0; i < s.params.size(); ++i) {
       const auto& p = s.params[i];
-      const std::vector<std::int64_t>& sizes = sizes_.at(names[i]);
       const libtorch::detail::StateShapes shapes =
-          libtorch::detail::state_shapes(Shape(sizes.begin(), static_cast<index_t>(sizes.size()), names[i]),
-                                         Tiers::layout(opt_.tier(names[i])));
+          libtorch::detail::state_shapes(opt_.shape(names[i]), Tiers::layout(opt_.tier(names[i])));
       py::dict d;
       d["name"] = names[i];
       d["step"] = p.state.step;
@@ -278,7 +273,6 @@ class Engine {
   }
 
   Adapter opt_;
-  std::unordered_map<std::string, std::vector<std::int64_t>> sizes_;
 };
 
 /// Binds Engine<Tiers> as the Python class `name` of module m.

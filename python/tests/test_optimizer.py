@@ -409,6 +409,15 @@ def test_bad_input_raises_naming_the_argument():
         skewadam.SkewAdam(named).add_param_group({"params": [torch.zeros(2, requires_grad=True)]})
     with pytest.raises(TypeError, match="state_dict"):
         copy.deepcopy(skewadam.SkewAdam(named))
+    # the library's checks, translated: an unknown name or tier
+    opt = skewadam.SkewAdam(named)
+    for ask in (opt.tier_of, opt.param_state, opt.momentum):
+        with pytest.raises(ValueError, match="name: no parameter 'nope' is registered"):
+            ask("nope")
+    with pytest.raises(ValueError, match="tier: unknown tier 'gpu'"):
+        opt.state_bytes("gpu")
+    with pytest.raises(TypeError):
+        opt.state_bytes(3)
 
     # at step time: a group's bad value names it, and nothing changes
     opt = skewadam.SkewAdam(named, lr=1e-2)

@@ -147,7 +147,7 @@ class Optimizer : public ::torch::optim::Optimizer {
     for (const auto& [name, tensor] : named_parameters) {
       const std::string who = "parameter '" + name + "'";
       if (name.empty()) throw std::invalid_argument("named_parameters: a parameter has an empty name");
-      if (by_name_.count(name)) throw std::invalid_argument(who + ": the name appears twice");
+      if (core_->find(name)) throw std::invalid_argument(who + ": the name appears twice");
       if (!tensor.defined()) throw std::invalid_argument(who + ": undefined tensor");
       if (by_impl_.count(tensor.unsafeGetTensorImpl())) continue;  // tied: already registered
       Param p;
@@ -165,7 +165,6 @@ class Optimizer : public ::torch::optim::Optimizer {
       p.state = state.get();
       states.push_back(std::move(state));
       by_impl_.emplace(tensor.unsafeGetTensorImpl(), params_.size());
-      by_name_.emplace(name, params_.size());
       groups[p.tier].push_back(tensor);
       params_.push_back(std::move(p));
     }
@@ -289,6 +288,8 @@ class Optimizer : public ::torch::optim::Optimizer {
   }
   /// The tier a registered parameter is in.
   Tier tier(const std::string& name) const { return params_[index_of(name)].tier; }
+  /// A registered parameter's shape.
+  const Shape& shape(const std::string& name) const { return params_[index_of(name)].shape; }
   /// How a parameter's state is dealt out over the ranks of
   /// Options::process_group (dist/shard_plan.hpp): which rows or experts this
   /// rank keeps.
@@ -626,10 +627,12 @@ class Optimizer : public ::torch::optim::Optimizer {
 
   static std::size_t group_index(Tier t) { return static_cast<std::size_t>(tier_index(checked_tier(t))); }
 
+  /// A registered parameter's place in params_, which is its ParamId's in
+  /// the core (the core's registry of names is the only one).
   std::size_t index_of(const std::string& name) const {
-    auto it = by_name_.find(name);
-    if (it == by_name_.end()) throw std::invalid_argument("name: no parameter '" + name + "' is registered");
-    return it->second;
+    const std::optional<ParamId> id = core_->find(name);
+    if (!id) throw std::invalid_argument("name: no parameter '" + name + "' is registered");
+    return static_cast<std::size_t>(id->index);
   }
 
   /// A parameter must stay a contiguous tensor of a supported dtype on the
@@ -709,7 +712,6 @@ class Optimizer : public ::torch::optim::Optimizer {
   double max_grad_norm_ = 0.0;
   at::Device device_ = at::Device(at::kCPU);
   std::vector<Param> params_;
-  std::unordered_map<std::string, std::size_t> by_name_;
   std::unordered_map<const void*, std::size_t> by_impl_;
 #if SKEWADAM_TORCH_DISTRIBUTED
   std::unique_ptr<ProcessGroupCommunicator> comm_;  // before core_: outlives it
