@@ -40,6 +40,30 @@
 
 namespace skewadam::test {
 
+/// Runs f(communicator, rank) for every rank of one dist::ThreadGroup of n,
+/// each on a thread of its own (so that the collectives inside meet), and
+/// waits for them all; then rethrows the lowest rank's exception, if any,
+/// where an exception leaving a thread would end the process. (A rank that
+/// stops before a collective still leaves the others waiting in it:
+/// dist/thread_communicator.hpp.)
+template <class F>
+void run_ranks(int n, F&& f) {
+  dist::ThreadGroup group(n);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        f(group.communicator(r), r);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
 template <class Tiers, int N, class Backend = backend::DefaultBackend>
 class ThreadRanks {
   static_assert(N >= 1);

@@ -9,13 +9,14 @@
 #include <filesystem>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <skewadam/checkpoint.hpp>
 #include <skewadam/dist/sharded_optimizer.hpp>
 #include <skewadam/dist/thread_communicator.hpp>
 #include <skewadam/skewadam.hpp>
+
+#include "thread_ranks.hpp"
 
 namespace test_sharded {
 
@@ -126,7 +127,6 @@ TEST_CASE_TEMPLATE("three ranks in one process: the step inside backward gives t
   // one of them inside backward exchanges its column sums (or clip sums)
   // there and then, one tensor at a time; the bank is dealt out by experts.
   using Sharded = dist::ShardedOptimizer<Tiers, dist::ThreadCommunicator>;
-  dist::ThreadGroup group(3);
   std::vector<std::vector<std::vector<unsigned char>>> whole(3), inside(3);
   std::vector<OptimizerState> whole_state(3), inside_state(3);
   std::vector<index_t> exchanged(3, 0);
@@ -139,34 +139,30 @@ TEST_CASE_TEMPLATE("three ranks in one process: the step inside backward gives t
     add(m.embed), add(m.attn), add(m.norm), add(m.bank), add(m.router);
     return out;
   };
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 3; ++r)
-    ranks.emplace_back([&, r] {
-      dist::ThreadCommunicator comm = group.communicator(r);
-      const auto k = static_cast<std::size_t>(r);
-      Model a, b;
-      Sharded one(comm, hyper(), OptimizerOptions{.threads = 1});
-      a.add_to(one);
-      Sharded two(comm, hyper(), OptimizerOptions{.threads = 1});
-      b.add_to(two);
-      const index_t n = two.size();
-      for (int s = 1; s <= 3; ++s) {
-        a.grads(s);
-        b.grads(s);
-        one.step();
-        for (index_t i = n; i-- > 0;) two.step(ParamId{i});  // backward's order: the last registered first
-        const StepReport report = two.finish_step();
-        REQUIRE(report.applied);
-        exchanged[k] += two.last_step_exchange_bytes();
-      }
-      one.gather_params();
-      two.gather_params();
-      whole[k] = bytes(a);
-      inside[k] = bytes(b);
-      whole_state[k] = one.export_state();
-      inside_state[k] = two.export_state();
-    });
-  for (std::thread& t : ranks) t.join();
+  test::run_ranks(3, [&](dist::ThreadCommunicator comm, int r) {
+    const auto k = static_cast<std::size_t>(r);
+    Model a, b;
+    Sharded one(comm, hyper(), OptimizerOptions{.threads = 1});
+    a.add_to(one);
+    Sharded two(comm, hyper(), OptimizerOptions{.threads = 1});
+    b.add_to(two);
+    const index_t n = two.size();
+    for (int s = 1; s <= 3; ++s) {
+      a.grads(s);
+      b.grads(s);
+      one.step();
+      for (index_t i = n; i-- > 0;) two.step(ParamId{i});  // backward's order: the last registered first
+      const StepReport report = two.finish_step();
+      REQUIRE(report.applied);
+      exchanged[k] += two.last_step_exchange_bytes();
+    }
+    one.gather_params();
+    two.gather_params();
+    whole[k] = bytes(a);
+    inside[k] = bytes(b);
+    whole_state[k] = one.export_state();
+    inside_state[k] = two.export_state();
+  });
   for (std::size_t k = 0; k < 3; ++k) {
     CAPTURE(k);
     CHECK(whole[k] == inside[k]);

@@ -24,7 +24,6 @@
 #include <cstring>
 #include <functional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <skewadam/checkpoint.hpp>
@@ -35,6 +34,7 @@
 
 #include "cpu_archs.hpp"
 #include "stored_momentum_fixture.hpp"
+#include "thread_ranks.hpp"
 
 namespace test_stored_momentum {
 
@@ -289,23 +289,18 @@ TEST_CASE_TEMPLATE("stored momentum: sharded at 1 and 3 ranks keeps one process'
   one.steps(0, 3);
   check_same(want, one.result());
 
-  dist::ThreadGroup group(3);
   std::vector<Result> results(3);
   std::vector<std::vector<std::byte>> checkpoints(3);
   std::vector<index_t> cut_tensors(3, 0);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 3; ++r)
-    ranks.emplace_back([&, r] {
-      dist::ThreadCommunicator comm = group.communicator(r);
-      Sharded3 run(comm, hyper(), OptimizerOptions{.seed = 42, .threads = 1});
-      run.steps(0, 3);
-      run.opt->gather_params();
-      results[static_cast<std::size_t>(r)] = run.result();
-      checkpoints[static_cast<std::size_t>(r)] = checkpoint_bytes(*run.opt);
-      for (std::size_t k = 0; k < run.ids.size(); ++k)
-        cut_tensors[static_cast<std::size_t>(r)] += run.opt->split(run.ids[k]).cuts_matrices() ? 1 : 0;
-    });
-  for (std::thread& t : ranks) t.join();
+  test::run_ranks(3, [&](dist::ThreadCommunicator comm, int r) {
+    Sharded3 run(comm, hyper(), OptimizerOptions{.seed = 42, .threads = 1});
+    run.steps(0, 3);
+    run.opt->gather_params();
+    results[static_cast<std::size_t>(r)] = run.result();
+    checkpoints[static_cast<std::size_t>(r)] = checkpoint_bytes(*run.opt);
+    for (std::size_t k = 0; k < run.ids.size(); ++k)
+      cut_tensors[static_cast<std::size_t>(r)] += run.opt->split(run.ids[k]).cuts_matrices() ? 1 : 0;
+  });
   // every backbone and router tensor is cut in row slices or element ranges
   // (backbone.small's one block at rank 2 alone, 7 x 5 holding less than a
   // block); the bank is dealt out by whole experts
