@@ -51,11 +51,7 @@ inline CaseRun run_golden_case_cuda(const GoldenCase& c, bool graph = false) {
       run.params[i] = c.param_dtype == Dtype::bf16 ? to_float(from_bits<bf16>(b)) : to_float(from_bits<f16>(b));
     }
   }
-  if (!r.state.m.empty())
-    run.state["exp_avg"] = decode_momentum(c.momentum_storage, c.tensor_shape().matrices(), r.state.m);
-  if (!r.state.v.empty()) run.state["v"] = r.state.v;
-  if (!r.state.v_row.empty()) run.state["v_row"] = r.state.v_row;
-  if (!r.state.v_col.empty()) run.state["v_col"] = r.state.v_col;
+  collect_state(c, r.state, run);
   return run;
 }
 

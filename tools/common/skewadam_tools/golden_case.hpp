@@ -373,17 +373,20 @@ void run_golden_steps(const GoldenCase& c, Opt& opt, ParamId id, const TypedValu
   }
 }
 
-/// The final state of the case's parameter, from export_state() (so that it
-/// works on every placement; sharded, it is collective); the momentum
-/// decoded from its storage.
-template <class Opt>
-void collect_state(const GoldenCase& c, const Opt& opt, ParamId id, CaseRun& run) {
-  const ParamState s = opt.export_state().params[static_cast<std::size_t>(id.index)].state;
+/// The case's arrays of a final state s, by their names in the case (the
+/// momentum decoded from its storage).
+inline void collect_state(const GoldenCase& c, const ParamState& s, CaseRun& run) {
   run.state.clear();
   if (!s.m.empty()) run.state["exp_avg"] = decode_momentum(c.momentum_storage, c.tensor_shape().matrices(), s.m);
   if (!s.v.empty()) run.state["v"] = s.v;
   if (!s.v_row.empty()) run.state["v_row"] = s.v_row;
   if (!s.v_col.empty()) run.state["v_col"] = s.v_col;
+}
+/// The final state of the case's parameter, from export_state() (so that it
+/// works on every placement; sharded, it is collective).
+template <class Opt>
+void collect_state(const GoldenCase& c, const Opt& opt, ParamId id, CaseRun& run) {
+  collect_state(c, opt.export_state().params[static_cast<std::size_t>(id.index)].state, run);
 }
 
 /// Calls f.template operator()<Rule>() with the rule the case names: AdamW's
