@@ -314,12 +314,11 @@ class Optimizer : public ::torch::optim::Optimizer {
     const Param& p = params_[index_of(name)];
     const StateLayout layout = Tiers::layout(p.tier);
     if (!layout.momentum || p.shape.numel() == 0) return {};
-    const ParamState& s = param_state(name);
     std::vector<float> words;
     if (sharded()) {
       words = core_->export_state().params[static_cast<std::size_t>(p.id.index)].state.m;
     } else {
-      const at::Tensor host = s.m.to(at::kCPU).contiguous();
+      const at::Tensor host = param_state(name).m.to(at::kCPU).contiguous();
       words.assign(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
     }
     const std::vector<float> values = decode_momentum(layout.storage, p.shape.matrices(), words);
