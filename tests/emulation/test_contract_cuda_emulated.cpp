@@ -90,7 +90,7 @@ struct EmulatedCudaThreeRanks {
 
 }  // namespace test_contract_cuda_emulated
 
-#define SKEWADAM_CONTRACT_CONFIGURATIONS                                                     \
+#define SKEWADAM_CONTRACT_CONFIGURATIONS                                                                \
   ::test_contract_cuda_emulated::EmulatedCudaLocal, ::test_contract_cuda_emulated::EmulatedCudaSharded, \
       ::test_contract_cuda_emulated::EmulatedCudaThreeRanks
 #include "contract_suite.hpp"
