@@ -69,23 +69,9 @@ struct EmulatedCudaSharded {
   }
 };
 
-struct EmulatedCudaThreeRanks {
+struct EmulatedCudaThreeRanks : test::RanksInThreads<3, tools::EmulatedCuda> {
   static constexpr const char* name = "sharded CUDA engine at 3 ranks in threads, emulated";
-  static constexpr bool cpu_bits = false;
-  static constexpr bool cuts_matrices = true;
   static constexpr bool emulated = true;
-  template <class Tiers>
-  static auto make(const PerTier<Hyperparameters>& h, OptimizerOptions o) {
-    return std::make_unique<test::ThreadRanks<Tiers, 3, tools::EmulatedCuda>>(h, o);
-  }
-  template <class Opt>
-  static void save(Opt& opt, const std::filesystem::path& f) {
-    opt.save(f);
-  }
-  template <class Opt>
-  static void load(Opt& opt, const std::filesystem::path& f) {
-    opt.load(f);
-  }
 };
 
 }  // namespace test_contract_cuda_emulated

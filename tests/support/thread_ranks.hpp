@@ -223,4 +223,27 @@ class ThreadRanks {
   std::map<const std::byte*, std::vector<std::byte>> copies_[N];
 };
 
+/// What a contract-suite configuration (contract_suite.hpp) of N ranks in
+/// threads on Backend has in common; a configuration adds its name and
+/// whether it is emulated. A cut matrix's column sums are added in another
+/// grouping than one process's, so it keeps the golden tolerances, not the
+/// local CPU bits.
+template <int N, class Backend = backend::DefaultBackend>
+struct RanksInThreads {
+  static constexpr bool cpu_bits = false;
+  static constexpr bool cuts_matrices = true;
+  template <class Tiers>
+  static auto make(const PerTier<Hyperparameters>& h, OptimizerOptions o) {
+    return std::make_unique<ThreadRanks<Tiers, N, Backend>>(h, o);
+  }
+  template <class Opt>
+  static void save(Opt& opt, const std::filesystem::path& f) {
+    opt.save(f);
+  }
+  template <class Opt>
+  static void load(Opt& opt, const std::filesystem::path& f) {
+    opt.load(f);
+  }
+};
+
 }  // namespace skewadam::test

@@ -40,23 +40,9 @@ struct ShardedSelf {
   }
 };
 
-struct ShardedThreeRanks {
+struct ShardedThreeRanks : test::RanksInThreads<3> {
   static constexpr const char* name = "sharded at 3 ranks in threads";
-  static constexpr bool cpu_bits = false;  // a cut matrix's column sums are added in another grouping
-  static constexpr bool cuts_matrices = true;
   static constexpr bool emulated = false;
-  template <class Tiers>
-  static auto make(const PerTier<Hyperparameters>& h, OptimizerOptions o) {
-    return std::make_unique<test::ThreadRanks<Tiers, 3>>(h, o);
-  }
-  template <class Opt>
-  static void save(Opt& opt, const std::filesystem::path& f) {
-    opt.save(f);
-  }
-  template <class Opt>
-  static void load(Opt& opt, const std::filesystem::path& f) {
-    opt.load(f);
-  }
 };
 
 }  // namespace test_contract
