@@ -40,27 +40,35 @@
 
 namespace skewadam::test {
 
-/// Runs f(communicator, rank) for every rank of one dist::ThreadGroup of n,
-/// each on a thread of its own (so that the collectives inside meet), and
-/// waits for them all; then rethrows the lowest rank's exception, if any,
-/// where an exception leaving a thread would end the process. (A rank that
-/// stops before a collective still leaves the others waiting in it:
-/// dist/thread_communicator.hpp.)
+/// Runs f(r) for every r in [0, n) at once: r = 0 on the calling thread, the
+/// others each on a thread of its own; waits for them all and returns each
+/// one's exception (null where it returned), where an exception leaving a
+/// thread would end the process.
+template <class F>
+std::vector<std::exception_ptr> on_threads(int n, F&& f) {
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  auto guarded = [&](int r) {
+    try {
+      f(r);
+    } catch (...) {
+      errors[static_cast<std::size_t>(r)] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> others;
+  for (int r = 1; r < n; ++r) others.emplace_back(guarded, r);
+  if (n > 0) guarded(0);
+  for (std::thread& t : others) t.join();
+  return errors;
+}
+
+/// Runs f(communicator, rank) for every rank of one dist::ThreadGroup of n at
+/// once (on_threads, so that the collectives inside meet), then rethrows the
+/// lowest rank's exception, if any. (A rank that stops before a collective
+/// still leaves the others waiting in it: dist/thread_communicator.hpp.)
 template <class F>
 void run_ranks(int n, F&& f) {
   dist::ThreadGroup group(n);
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        f(group.communicator(r), r);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  for (std::thread& t : threads) t.join();
-  for (const std::exception_ptr& e : errors)
+  for (const std::exception_ptr& e : on_threads(n, [&](int r) { f(group.communicator(r), r); }))
     if (e) std::rethrow_exception(e);
 }
 
@@ -80,25 +88,14 @@ class ThreadRanks {
   template <class F>
   decltype(auto) all(F&& f) {
     using R = decltype(f(*ranks_[0], 0));
-    std::vector<std::exception_ptr> errors(N);
-    std::vector<std::thread> others;
-    for (int r = 1; r < N; ++r)
-      others.emplace_back([&, r] {
-        try {
-          (void)f(*ranks_[static_cast<std::size_t>(r)], r);
-        } catch (...) {
-          errors[static_cast<std::size_t>(r)] = std::current_exception();
-        }
-      });
     std::conditional_t<std::is_void_v<R>, int, std::optional<Stored<R>>> result{};
-    try {
-      if constexpr (std::is_void_v<R>) f(*ranks_[0], 0);
-      else if constexpr (std::is_reference_v<R>) result.emplace(&f(*ranks_[0], 0));
-      else result.emplace(f(*ranks_[0], 0));
-    } catch (...) {
-      errors[0] = std::current_exception();
-    }
-    for (std::thread& t : others) t.join();
+    const std::vector<std::exception_ptr> errors = on_threads(N, [&](int r) {
+      Rank& o = *ranks_[static_cast<std::size_t>(r)];
+      if constexpr (std::is_void_v<R>) f(o, r);
+      else if (r != 0) (void)f(o, r);
+      else if constexpr (std::is_reference_v<R>) result.emplace(&f(o, r));
+      else result.emplace(f(o, r));
+    });
     for (int r = 1; r < N; ++r)
       if (static_cast<bool>(errors[static_cast<std::size_t>(r)]) != static_cast<bool>(errors[0]))
         throw std::logic_error("ThreadRanks: rank " + std::to_string(errors[0] ? 0 : r) + " threw (" +
