@@ -5,7 +5,8 @@
 add_executable(skewadam-cuda-emulation-tests emulation/test_cuda_kernels_emulated.cpp
                emulation/test_contract_cuda_emulated.cpp emulation/test_device_steps_emulated.cpp
                emulation/test_rounding_emulated.cpp emulation/test_schedules_emulated.cpp
-               emulation/test_streams_emulated.cpp emulation/test_stored_momentum_emulated.cpp)
+               emulation/test_streams_emulated.cpp emulation/test_stored_momentum_emulated.cpp
+               emulation/test_devices_emulated.cpp)
 target_link_libraries(skewadam-cuda-emulation-tests PRIVATE skewadam::skewadam skewadam_tooling skewadam_warnings
                       doctest::doctest)
 target_include_directories(skewadam-cuda-emulation-tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/support)

@@ -114,6 +114,7 @@ class Engine {
     });
     try {
       tensors_.reserve(tensors_.size() + 1);
+      [[maybe_unused]] const auto on = backend_.on_device();
       backend_.add(spec, piece_specs(t), kernels);
     } catch (...) {
       placement_.unsplit(t.split);
@@ -140,6 +141,7 @@ class Engine {
   ParamStateView view(std::size_t i) const { return backend_.view(i); }
   /// A host copy of tensor i's complete state (sharded: collective).
   ParamState export_arrays(std::size_t i) const {
+    [[maybe_unused]] const auto on = backend_.on_device();
     ParamState s = backend_.share(i);
     placement_.complete(tensors_[i].split, tensors_[i].momentum, s);
     return s;
@@ -165,7 +167,10 @@ class Engine {
       return f(static_cast<const std::byte*>(p.data));
     } else {
       std::vector<std::byte> host(n);
-      backend_.read_memory(host.data(), p.data, n);
+      {
+        [[maybe_unused]] const auto on = backend_.on_device();
+        backend_.read_memory(host.data(), p.data, n);
+      }
       if constexpr (Placement::sharded) placement_.gather_param(tensors_[i].split, host.data(), elem);
       return f(static_cast<const std::byte*>(host.data()));
     }
@@ -178,14 +183,19 @@ class Engine {
   /// Takes this process's share of tensor i's complete arrays.
   void stage(staged_type& staged, std::size_t i, ParamState&& full) const {
     placement_.share_of(tensors_[i].split, tensors_[i].momentum, full);
+    [[maybe_unused]] const auto on = backend_.on_device();
     backend_.stage(staged, i, std::move(full));
   }
   void stage_counts(staged_type& staged, std::span<const std::int64_t> counts, std::int64_t steps) const {
+    [[maybe_unused]] const auto on = backend_.on_device();
     backend_.stage_counts(staged, counts, steps);
   }
   void commit(staged_type&& staged) noexcept { backend_.commit(std::move(staged)); }
   /// Every tensor's count into out, and the applied steps.
-  std::int64_t counts(std::span<std::int64_t> out) const { return backend_.counts(out); }
+  std::int64_t counts(std::span<std::int64_t> out) const {
+    [[maybe_unused]] const auto on = backend_.on_device();
+    return backend_.counts(out);
+  }
   index_t state_bytes(std::size_t i) const noexcept { return backend_.state_bytes(i); }
   /// Memory the backend holds besides the state (scratch, tables).
   index_t scratch_bytes() const noexcept { return backend_.scratch_bytes(); }
@@ -200,6 +210,7 @@ class Engine {
   /// Completes every process's copy of tensor i's parameter from its owners.
   void gather_param(std::size_t i, const ParamView& p) requires(Placement::sharded) {
     const std::size_t elem = static_cast<std::size_t>(dtype_size(p.dtype));
+    [[maybe_unused]] const auto on = backend_.on_device();
     backend_.with_host_bytes(p.data, static_cast<std::size_t>(p.numel()) * elem, true,
                              [&](std::byte* host) { placement_.gather_param(tensors_[i].split, host, elem); });
   }
@@ -210,11 +221,13 @@ class Engine {
   /// Sum of g^2 over the listed gradients, in double, in an order fixed by
   /// the shapes (sharded: collective, the processes' sums in rank order).
   double grad_sum_squares(std::span<const StepItem> items) const {
+    [[maybe_unused]] const auto on = backend_.on_device();
     return placement_.sum_over_ranks(backend_.grad_sum_squares(items));
   }
 
   /// One step of the listed tensors (see the top of this file).
   void step(std::span<const StepItem> items, NonFinitePolicy policy, StepSettings settings) {
+    [[maybe_unused]] const auto on = backend_.on_device();
     begin_step(items);
     if (settings.max_norm > 0 && placement_.ranks() > 1) {
       norm_sq_ = grad_sum_squares(items);  // the backend clips alone only what is all in this process
@@ -227,15 +240,24 @@ class Engine {
   }
 
   /// The last step's first offender, when it was rejected (may wait for a device).
-  std::optional<Offender> outcome() const { return verdict_.known ? verdict_.offender : backend_.outcome(); }
+  std::optional<Offender> outcome() const {
+    if (verdict_.known) return verdict_.offender;
+    [[maybe_unused]] const auto on = backend_.on_device();
+    return backend_.outcome();
+  }
   /// The sum of g^2 the last step clipped by (StepSettings::max_norm).
-  double clip_sum_squares() const { return norm_sq_ ? *norm_sq_ : backend_.clip_sum_squares(); }
+  double clip_sum_squares() const {
+    if (norm_sq_) return *norm_sq_;
+    [[maybe_unused]] const auto on = backend_.on_device();
+    return backend_.clip_sum_squares();
+  }
 
   // ------------------------------------------------------------- graphs
   /// One step recorded for replay (a backend with graphs, local placement).
   auto capture(std::span<const StepItem> items, NonFinitePolicy policy, const StepSettings& settings)
     requires(!Placement::sharded && requires { typename Backend::graph_type; })
   {
+    [[maybe_unused]] const auto on = backend_.on_device();
     begin_step(items);
     settings_ = settings;
     backend_.prepare(items, settings);
@@ -247,6 +269,7 @@ class Engine {
   }
   template <class Graph>
   void replay(const Graph& g, std::span<const StepItem> items, const StepSettings& settings) {
+    [[maybe_unused]] const auto on = backend_.on_device();
     begin_step(items);
     settings_ = settings;
     backend_.prepare(items, settings);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "device_allocator.hpp"
 #include "nonfinite.hpp"
 
 namespace skewadam {
@@ -18,6 +19,14 @@ struct OptimizerOptions {
   /// CUDA backend: the cudaStream_t steps are ordered on (null: the default
   /// stream). Ignored by the CPU backend.
   void* stream = nullptr;
+  /// CUDA backend: the device its memory and steps are on (-1: the current
+  /// device when the optimizer is built). Every tensor added must be that
+  /// device's memory; each call that launches or allocates makes it current
+  /// for its duration and restores the caller's. Ignored by the CPU backend.
+  int device = -1;
+  /// CUDA backend: where its memory comes from (device_allocator.hpp; empty:
+  /// the runtime's own). Ignored by the CPU backend.
+  DeviceAllocator device_allocator{};
 };
 
 }  // namespace skewadam

@@ -47,7 +47,10 @@
 // stage(...), commit(...), counts(out), stage_counts(...), outcome(),
 // grad_sum_squares(items), clip_sum_squares(), state_bytes(i),
 // scratch_bytes(), check_memory(...), read_memory / write_memory,
-// set_threads(n), threads().
+// set_threads(n), threads(), and on_device(): an object that keeps the
+// backend's device current while it lives (the engine holds one over each
+// call that allocates, launches or copies; an empty one where the memory is
+// the host's).
 
 #include <array>
 #include <concepts>
@@ -133,6 +136,7 @@ concept Backend =
       { cb.clip_sum_squares() } -> std::same_as<double>;
       b.set_threads(1);
       { cb.threads() } -> std::same_as<int>;
+      cb.on_device();
     };
 
 }  // namespace skewadam::backend

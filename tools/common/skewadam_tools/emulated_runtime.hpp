@@ -23,12 +23,21 @@
 // kernel that reads what another stream uploaded without a wait between
 // (the upload race of a pageable cudaMemcpy on the legacy stream followed by
 // a step on a non-blocking one) reads stale data here, as it may on a GPU.
+//
+// Devices. There are `devices` of them, and each thread has its current one
+// (0 at first), as in CUDA. Memory allocated while device d is current is
+// d's; any other address (host memory handed in as a device's) is device
+// 0's. launched_on() is the device that was current at this thread's last
+// launch, so that tests can show which device a step ran on.
 
 #include <skewadam_tools/cuda_emulation.hpp>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -45,9 +54,22 @@ struct Runtime {
   using graph_type = std::shared_ptr<const std::vector<std::function<void()>>>;
   static constexpr std::align_val_t alignment{256};  // as cudaMalloc's
 
-  static void* allocate(std::size_t bytes) { return ::operator new(bytes == 0 ? 1 : bytes, alignment); }
+  static constexpr int devices = 4;
+
+  static void* allocate(std::size_t bytes) {
+    void* p = ::operator new(bytes == 0 ? 1 : bytes, alignment);
+    if (current() != 0) {
+      const std::lock_guard<std::mutex> lock(placed().m);
+      placed().at[reinterpret_cast<std::uintptr_t>(p)] = Placed{bytes, current()};
+    }
+    return p;
+  }
   static void release(void* p) noexcept {
     settle_all();  // cudaFree waits for the device
+    {
+      const std::lock_guard<std::mutex> lock(placed().m);
+      placed().at.erase(reinterpret_cast<std::uintptr_t>(p));
+    }
     ::operator delete(p, alignment);
   }
   static void zero(void* p, std::size_t n, stream_type s) {
@@ -79,7 +101,28 @@ struct Runtime {
     const std::lock_guard<std::mutex> lock(writes().m);
     return writes().list.size();
   }
-  static void check_device_memory(const void*, const std::string&) {}
+  static int check_device_memory(const void* p, const std::string&) { return device_of(p); }
+  static int current_device() { return current(); }
+  static void set_device(int d) {
+    if (d < 0 || d >= devices)
+      throw std::invalid_argument("device: " + std::to_string(d) + " is not a device here (" + std::to_string(devices) +
+                                  " emulated)");
+    current() = d;
+  }
+  /// The device p is on.
+  static int device_of(const void* p) {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    const std::lock_guard<std::mutex> lock(placed().m);
+    auto it = placed().at.upper_bound(a);
+    if (it == placed().at.begin()) return 0;
+    --it;
+    return a < it->first + std::max<std::size_t>(it->second.bytes, 1) ? it->second.device : 0;
+  }
+  /// The device that was current at this thread's last launch (-1: none yet).
+  static int& launched_on() {
+    thread_local int d = -1;
+    return d;
+  }
 
   static void begin_capture(stream_type) {
     if (recording()) throw std::logic_error("emulated runtime: begin_capture while capturing");
@@ -100,12 +143,31 @@ struct Runtime {
   template <auto Kernel, class... Args>
   static void launch(unsigned grid, unsigned threads, stream_type s, Args... args) {
     if (grid == 0) return;
+    launched_on() = current();
     auto run = [=] { emu::launch(grid, threads, [&] { Kernel(args...); }); };
     if (recording()) recording()->push_back(run);
     else run_on(s, run);
   }
 
  private:
+  static int& current() {
+    thread_local int d = 0;
+    return d;
+  }
+  /// Allocations made on devices other than 0, by address.
+  struct Placed {
+    std::size_t bytes;
+    int device;
+  };
+  struct Placements {
+    std::mutex m;
+    std::map<std::uintptr_t, Placed> at;
+  };
+  static Placements& placed() {
+    static Placements p;
+    return p;
+  }
+
   /// A copy or zeroing on `stream` not yet waited for: the bytes it replaced
   /// and those it wrote.
   struct Write {

@@ -137,6 +137,9 @@ class CpuBackend {
     scratch_.resize(threads_, max_cols_);
   }
   int threads() const noexcept { return threads_; }
+  /// Nothing to make current: the memory is the host's.
+  struct NoDevice {};
+  NoDevice on_device() const noexcept { return {}; }
   static int hardware_threads() noexcept {
 #if defined(_OPENMP)
     return std::max(1, omp_get_max_threads());

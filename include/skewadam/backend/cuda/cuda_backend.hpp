@@ -109,7 +109,13 @@ class CudaBackend {
   };
 
   explicit CudaBackend(const OptimizerOptions& options)
-      : stream_(static_cast<Stream>(options.stream)), control_d_(1), outcome_(1), norm_sq_(1) {
+      : stream_(static_cast<Stream>(options.stream)),
+        device_(device_of(options.device)),
+        mem_{skewadam::detail::checked_allocator(options.device_allocator)} {
+    const cuda::DeviceScope<R> on(device_);
+    control_d_ = array<cuda::StepControl>(1);
+    outcome_ = array<cuda::CheckOutcome>(1);
+    norm_sq_ = array<double>(1);
     tables_ = build_tables({0});
     R::zero(outcome_.data(), outcome_.bytes(), stream_);
     R::zero(norm_sq_.data(), norm_sq_.bytes(), stream_);
@@ -117,36 +123,57 @@ class CudaBackend {
   }
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
+  /// Waits for its steps, then frees its memory with its device current.
   ~CudaBackend() {
-    if (tensors_.empty()) return;
     try {
-      R::synchronize(stream_);
+      const cuda::DeviceScope<R> on(device_);
+      if (!tensors_.empty()) R::synchronize(stream_);
+      tensors_.clear();
+      tables_ = Tables{};
+      undo_ = Tables{};
+      control_d_.reset();
+      outcome_.reset();
+      norm_sq_.reset();
+      workspace_.reset();
     } catch (...) {  // a destructor reports nothing; the memory is freed regardless
     }
   }
+
+  // -------------------------------------------------------------- device
+  /// The device its memory and launches are on (OptimizerOptions::device).
+  int device() const noexcept { return device_; }
+  /// That device current while the result lives (the engine holds one over
+  /// each call that allocates, launches or copies).
+  cuda::DeviceScope<R> on_device() const { return cuda::DeviceScope<R>(device_); }
 
   // -------------------------------------------------------------- stream
   /// From now on steps are ordered on s; waits for the steps enqueued so far.
   /// (A graph captured before keeps running on the stream it is replayed on.)
   void set_stream(Stream s) {
+    const cuda::DeviceScope<R> on(device_);
     R::synchronize(stream_);
     stream_ = s;
   }
   Stream stream() const noexcept { return stream_; }
   /// Waits until every enqueued step has finished.
-  void synchronize() const { R::synchronize(stream_); }
+  void synchronize() const {
+    const cuda::DeviceScope<R> on(device_);
+    R::synchronize(stream_);
+  }
   /// From now on each tier's lr is read from lr[tier_index] in device memory
   /// as each step runs (so that a captured step follows it); null: from the
   /// hyperparameters again.
   void set_lr_device(const double* lr) {
-    if (lr != nullptr) R::check_device_memory(lr, "lr (device)");
+    if (lr != nullptr) Mem::check_on(lr, device_, "lr (device)");
     lr_device_ = lr;
   }
   void set_threads(int) noexcept {}
   int threads() const noexcept { return 1; }
 
   // -------------------------------------------------------------- memory
-  void check_memory(std::string_view name, const ParamView& p, const GradView& g) const { Mem::check(name, p, g); }
+  void check_memory(std::string_view name, const ParamView& p, const GradView& g) const {
+    Mem::check(name, p, g, device_);
+  }
   /// Bytes between device memory and the host (in stream order; both wait).
   void read_memory(void* host, const void* device, std::size_t n) const { Mem::read(host, device, n, stream_); }
   void write_memory(void* device, const void* host, std::size_t n) { Mem::write(device, host, n, stream_); }
@@ -203,17 +230,17 @@ class CudaBackend {
       }
     }
     if (!specs.empty()) {
-      if (reg.layout.momentum) Mem::zeroed(e.state.m, words, stream_);  // state_layout.hpp
+      if (reg.layout.momentum) mem_.zeroed(e.state.m, words, stream_);  // state_layout.hpp
       if (specs.front().factored) {
-        Mem::zeroed(e.state.v_row, rows, stream_);
-        Mem::zeroed(e.state.v_col, cols, stream_);
+        mem_.zeroed(e.state.v_row, rows, stream_);
+        mem_.zeroed(e.state.v_col, cols, stream_);
       } else {
-        Mem::zeroed(e.state.v, elems, stream_);
+        mem_.zeroed(e.state.v, elems, stream_);
       }
     }
-    e.scratch_f = Array<float>(total.floats);
-    e.scratch_d = Array<double>(total.doubles);
-    if (total.counters > 0) Mem::zeroed(e.done, total.counters, stream_);
+    e.scratch_f = array<float>(total.floats);
+    e.scratch_d = array<double>(total.doubles);
+    if (total.counters > 0) mem_.zeroed(e.done, total.counters, stream_);
     std::size_t f = 0, x = 0, k = 0;
     for (std::size_t q = 0; q < e.pieces.size(); ++q) {
       cuda::place_scratch(e.pieces[q].task, e.pieces[q].spec.factored, e.scratch_f.data() + f,
@@ -266,17 +293,17 @@ class CudaBackend {
   }
   void stage(staged_type& staged, std::size_t i, ParamState&& share) const {
     Shares d;
-    Mem::upload(d.m, share.m, stream_);
-    Mem::upload(d.v, share.v, stream_);
-    Mem::upload(d.v_row, share.v_row, stream_);
-    Mem::upload(d.v_col, share.v_col, stream_);
+    mem_.upload(d.m, share.m, stream_);
+    mem_.upload(d.v, share.v, stream_);
+    mem_.upload(d.v_row, share.v_row, stream_);
+    mem_.upload(d.v_col, share.v_col, stream_);
     R::synchronize(stream_);  // the host copies are freed at return
     staged.shares[i] = std::move(d);
   }
   void stage_counts(staged_type& staged, std::span<const std::int64_t> counts, std::int64_t steps) const {
     std::vector<std::int64_t> all(counts.begin(), counts.end());
     all.push_back(steps);
-    Mem::upload(staged.counts, all, stream_);
+    mem_.upload(staged.counts, all, stream_);
     R::synchronize(stream_);
   }
   /// Swaps the staged arrays in (the old ones are freed with `staged`).
@@ -573,6 +600,16 @@ class CudaBackend {
     Array<double> cut;              ///< per cut piece: c column sums, then the sum of R_i
   };
 
+  template <class T>
+  Array<T> array(std::size_t n) const {
+    return mem_.template array<T>(n);
+  }
+  static int device_of(int d) {
+    if (d < -1)
+      throw std::invalid_argument("device: " + std::to_string(d) + " (a device's index, or -1 for the current one)");
+    return d >= 0 ? d : R::current_device();
+  }
+
   static unsigned grid(std::size_t blocks) { return static_cast<unsigned>(blocks); }
   const DeviceTask* tasks_d() const { return tables_.d_tasks.data(); }
   const cuda::TaskStep* steps_d() const { return tables_.d_steps.data(); }
@@ -649,8 +686,8 @@ class CudaBackend {
       }
       Group g;
       g.ops = o;
-      Mem::upload(g.items, lists.concatenated(), stream_);
-      Mem::upload(g.ids, lists.tasks, stream_);
+      mem_.upload(g.items, lists.concatenated(), stream_);
+      mem_.upload(g.ids, lists.tasks, stream_);
       g.arrays = lists.arrays(g.items.data(), g.ids.data());
       g.workspace = lists.workspace_doubles();
       groups.push_back(std::move(g));
@@ -670,7 +707,7 @@ class CudaBackend {
     }
     if (need > workspace_.size()) {
       R::synchronize(stream_);  // the old one may still be read
-      workspace_ = Array<double>(need);
+      workspace_ = array<double>(need);
       point_workspace(tables_.groups);
       point_workspace(undo_.groups);
     }
@@ -692,9 +729,9 @@ class CudaBackend {
         matrices += static_cast<std::size_t>(p.spec.geom.batch);
         if (p.spec.cut) cut += static_cast<std::size_t>(p.spec.geom.cols + 1);
       }
-    t.sums = Array<double>(matrices);
-    t.divisors = Array<float>(matrices);
-    t.cut = Array<double>(cut);
+    t.sums = array<double>(matrices);
+    t.divisors = array<float>(matrices);
+    t.cut = array<double>(cut);
     std::size_t at_sum = 0, at_cut = 0;
     for (Tensor& e : tensors_)
       for (Piece& p : e.pieces) {
@@ -708,11 +745,11 @@ class CudaBackend {
         }
         d.grad = nullptr;
       }
-    Mem::upload(t.d_tasks, t.tasks, stream_);
-    Mem::upload(t.d_steps, std::vector<cuda::TaskStep>(t.tasks.size()), stream_);
-    Mem::upload(t.counts, counts, stream_);
+    mem_.upload(t.d_tasks, t.tasks, stream_);
+    mem_.upload(t.d_steps, std::vector<cuda::TaskStep>(t.tasks.size()), stream_);
+    mem_.upload(t.counts, counts, stream_);
     t.stepped.assign(tensors_.size(), 0);
-    Mem::upload(t.d_stepped, t.stepped, stream_);
+    mem_.upload(t.d_stepped, t.stepped, stream_);
     std::vector<kernels_type> ops;
     for (const Tensor& e : tensors_) ops.push_back(e.ops);
     t.groups = build_groups(ops);
@@ -728,18 +765,20 @@ class CudaBackend {
         }
     }
     if (checks.size() > 0x7fffffffu) throw std::invalid_argument("parameters: too many work items for one launch");
-    Mem::upload(t.check_items, checks, stream_);
+    mem_.upload(t.check_items, checks, stream_);
     t.host_grad_tasks.assign(t.tasks.size(), cuda::GradTask{});
-    Mem::upload(t.grad_tasks, t.host_grad_tasks, stream_);
-    t.first = Array<index_t>(checks.size());
-    t.value = Array<float>(checks.size());
-    t.partial = Array<double>(checks.size());
-    t.total = Array<double>(1);
+    mem_.upload(t.grad_tasks, t.host_grad_tasks, stream_);
+    t.first = array<index_t>(checks.size());
+    t.value = array<float>(checks.size());
+    t.partial = array<double>(checks.size());
+    t.total = array<double>(1);
     grads_.assign(tensors_.size(), nullptr);
     return t;
   }
 
   Stream stream_{};
+  int device_ = 0;
+  Mem mem_;  ///< arrays from the caller's allocator, or the runtime's
   std::vector<Tensor> tensors_;
   Tables tables_;
   Tables undo_;  ///< the tables before the last add (pop_back)

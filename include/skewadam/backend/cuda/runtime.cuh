@@ -88,15 +88,31 @@ struct DeviceRuntime {
     check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   }
   static void synchronize(cudaStream_t s) { check(cudaStreamSynchronize(s), "cudaStreamSynchronize"); }
-  static void check_device_memory(const void* p, const std::string& who) {
+  /// The device p is on (-1 for managed memory, which every device reaches).
+  static int check_device_memory(const void* p, const std::string& who) {
     cudaPointerAttributes a{};
     const cudaError_t err = cudaPointerGetAttributes(&a, p);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       throw std::invalid_argument(who + ": not a CUDA pointer (" + cudaGetErrorString(err) + ")");
     }
-    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+    if (a.type == cudaMemoryTypeManaged) return -1;
+    if (a.type != cudaMemoryTypeDevice)
       throw std::invalid_argument(who + ": host memory; the CUDA backend needs device or managed memory");
+    return a.device;
+  }
+  static int current_device() {
+    int d = 0;
+    check(cudaGetDevice(&d), "cudaGetDevice");
+    return d;
+  }
+  static void set_device(int d) {
+    int n = 0;
+    check(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+    if (d < 0 || d >= n)
+      throw std::invalid_argument("device: " + std::to_string(d) + " is not a CUDA device here (" + std::to_string(n) +
+                                  " found)");
+    check(cudaSetDevice(d), "cudaSetDevice");
   }
 
   /// Stream capture (thread-local mode: other threads' CUDA calls are not
