@@ -3,6 +3,7 @@ groups, the library's AdamW against torch's, schedulers, save and load,
 frozen and tied parameters, non-finite steps and bad input."""
 
 import copy
+import gc
 import io
 import math
 
@@ -129,6 +130,25 @@ def test_tiers_param_groups_and_state_bytes(device):
     train(model, opt, 1, device)
     assert opt.state[model.experts_up]["v_row"].abs().sum() > 0
     assert opt.param_state("experts_up")["step"] == 1
+
+
+def test_on_cuda_the_optimizers_memory_is_torchs_and_goes_back_to_it(device):
+    if device.type != "cuda":
+        pytest.skip("torch's caching allocator holds the optimizer's memory on CUDA tensors only")
+    model = TinyMoE(device=device)
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    opt = skewadam.SkewAdam(model.named_parameters(), lr=3e-4)
+    held = torch.cuda.memory_allocated(device) - before
+    # the state, its scratch and the step's tables, each block rounded up by torch
+    assert held >= opt.state_bytes() > 0
+    train(model, opt, 2, device)
+    assert opt.steps == 2
+    opt.zero_grad(set_to_none=True)
+    del opt
+    gc.collect()
+    torch.cuda.synchronize(device)
+    assert torch.cuda.memory_allocated(device) == before
 
 
 def test_backbone_momentum_in_bf16_and_8_bits_keeps_its_blocks_words(device):

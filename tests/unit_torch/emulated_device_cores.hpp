@@ -16,11 +16,8 @@
 
 namespace skewadam_torch_test {
 
-/// The emulated device: one, always current, its stream the default.
+/// The emulated device's stream: the default.
 struct EmulatedDevice {
-  struct Guard {
-    explicit Guard(int) {}
-  };
   static void* current_stream(int) { return nullptr; }
 };
 

@@ -167,87 +167,26 @@ class CoreOf : public Core {
   Opt opt_;
 };
 
-/// Core over a front-end whose engine runs on a device (the CUDA backend):
-/// every call that touches the device runs with `Device::Guard` (the
-/// device made current for its lifetime), and each step follows the
-/// framework's current stream, `Device::current_stream(index)`.
+/// Core over a front-end whose engine runs on a device (the CUDA backend),
+/// built with the tensors' device in its options (OptimizerOptions::device:
+/// the engine makes it current for each call that needs it, and refuses
+/// another device's tensors); each step follows the framework's current
+/// stream of that device, `Device::current_stream(index)`.
 template <class Opt, class Device>
 class DeviceCore final : public CoreOf<Opt> {
   using Base = CoreOf<Opt>;
 
  public:
   template <class... Args>
-  explicit DeviceCore(int device, Args&&... args)
-      : DeviceCore(typename Device::Guard(device), device, std::forward<Args>(args)...) {}
+  explicit DeviceCore(int device, Args&&... args) : Base(std::forward<Args>(args)...), device_(device) {}
 
-  ParamId add(const std::string& name, Tier tier, ParamView param) override {
-    const typename Device::Guard g(device_);
-    return Base::add(name, tier, param);
-  }
   void before_step() override {
     const auto current = Device::current_stream(device_);
-    if (current != this->optimizer().engine().backend().stream()) {
-      const typename Device::Guard g(device_);
+    if (current != this->optimizer().engine().backend().stream())
       this->optimizer().engine().backend().set_stream(current);  // (waits for the steps on the previous one)
-    }
-  }
-  void step() override {
-    const typename Device::Guard g(device_);
-    Base::step();
-  }
-  const StepReport& last_step() const override {
-    const typename Device::Guard g(device_);
-    return Base::last_step();
-  }
-  void step(ParamId id) override {
-    const typename Device::Guard g(device_);
-    Base::step(id);
-  }
-  StepReport finish_step() override {
-    const typename Device::Guard g(device_);
-    return Base::finish_step();
-  }
-  std::int64_t step_count(ParamId id) const override {
-    const typename Device::Guard g(device_);
-    return Base::step_count(id);
-  }
-  std::int64_t steps() const override {
-    const typename Device::Guard g(device_);
-    return Base::steps();
-  }
-  ParamStateView state(ParamId id) const override {
-    const typename Device::Guard g(device_);
-    return Base::state(id);
-  }
-  OptimizerState export_state() const override {
-    const typename Device::Guard g(device_);
-    return Base::export_state();
-  }
-  void import_state(OptimizerState state) override {
-    const typename Device::Guard g(device_);
-    Base::import_state(std::move(state));
-  }
-  std::vector<std::byte> checkpoint() override {
-    const typename Device::Guard g(device_);
-    return Base::checkpoint();
-  }
-  void load(std::span<const std::byte> bytes) override {
-    const typename Device::Guard g(device_);
-    Base::load(bytes);
-  }
-  void save_file(const std::filesystem::path& file, const SaveOptions& options) override {
-    const typename Device::Guard g(device_);
-    Base::save_file(file, options);
-  }
-  void load_file(const std::filesystem::path& file, const LoadOptions& options) override {
-    const typename Device::Guard g(device_);
-    Base::load_file(file, options);
   }
 
  private:
-  template <class... Args>
-  DeviceCore(const typename Device::Guard&, int device, Args&&... args)
-      : Base(std::forward<Args>(args)...), device_(device) {}
   int device_;
 };
 

@@ -12,7 +12,8 @@
 // needs no CUDA: an optimizer built on CUDA parameters (all on one device)
 // finds the registered engine (torch/core.hpp) and runs its steps on the CUDA
 // backend, on torch's current stream of that device, without waiting for
-// them. With Options::process_group the same unit's sharded engine
+// them; its memory comes from torch's caching allocator, so torch counts it
+// and freeing it waits for nothing. With Options::process_group the same unit's sharded engine
 // (cuda::ShardedOptimizer over the group, through dist::AnyCommunicator, so
 // that nvcc never sees c10d's headers) keeps this rank's share of the state
 // on the device. Without this translation unit, CUDA parameters are refused
@@ -20,10 +21,11 @@
 // the target's sources, and the target linked with `${TORCH_LIBRARIES}` of a
 // CUDA build of LibTorch (torch_cuda, c10_cuda) and `skewadam::skewadam`.
 
-#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <memory>
 
 #include "../cuda.cuh"
@@ -31,26 +33,45 @@
 
 namespace skewadam::libtorch {
 
-/// The device as torch sees it: its guard and current stream.
+/// The device as torch sees it: its current stream, and its caching
+/// allocator.
 struct TorchCudaDevice {
-  class Guard {
-   public:
-    explicit Guard(int index) : guard_(static_cast<c10::DeviceIndex>(index)) {}
-
-   private:
-    c10::cuda::CUDAGuard guard_;
-  };
   static cudaStream_t current_stream(int index) {
     return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index)).stream();
   }
+  /// Torch's caching allocator, for memory used in the order of `stream`
+  /// (its blocks go back to torch's pool and are reused in that order; torch
+  /// sees them in its memory statistics).
+  static DeviceAllocator allocator(cudaStream_t stream) {
+    DeviceAllocator a;
+    a.allocate = [](std::size_t bytes, void* s) -> void* {
+      return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, static_cast<cudaStream_t>(s));
+    };
+    a.release = [](void* p, void*) noexcept {
+      try {
+        c10::cuda::CUDACachingAllocator::raw_delete(p);
+      } catch (...) {  // torch reports a failed free itself; nothing is left to undo
+      }
+    };
+    a.context = stream;
+    return a;
+  }
+  /// The options of an engine on `device`: its index, torch's current stream
+  /// there and torch's allocator.
+  static OptimizerOptions options(OptimizerOptions o, int device) {
+    o.device = device;
+    const cudaStream_t s = current_stream(device);
+    o.stream = s;
+    o.device_allocator = allocator(s);
+    return o;
+  }
 };
 
-/// The Core of Tiers on the CUDA backend, on torch's streams.
+/// The Core of Tiers on the CUDA backend, on torch's streams and memory.
 template <class Tiers>
 std::unique_ptr<Core> make_cuda_core(const PerTier<Hyperparameters>& hyper, const OptimizerOptions& options, int device) {
-  OptimizerOptions o = options;
-  o.stream = TorchCudaDevice::current_stream(device);
-  return std::make_unique<DeviceCore<cuda::Optimizer<Tiers>, TorchCudaDevice>>(device, hyper, o);
+  return std::make_unique<DeviceCore<cuda::Optimizer<Tiers>, TorchCudaDevice>>(
+      device, hyper, TorchCudaDevice::options(options, device));
 }
 
 /// The Core of Tiers on the CUDA backend sharded over `comm`, on torch's
@@ -59,10 +80,8 @@ std::unique_ptr<Core> make_cuda_core(const PerTier<Hyperparameters>& hyper, cons
 template <class Tiers>
 std::unique_ptr<Core> make_sharded_cuda_core(dist::AnyCommunicator& comm, const PerTier<Hyperparameters>& hyper,
                                              const OptimizerOptions& options, dist::ShardOptions shard, int device) {
-  OptimizerOptions o = options;
-  o.stream = TorchCudaDevice::current_stream(device);
   return std::make_unique<DeviceCore<cuda::ShardedOptimizer<Tiers, dist::AnyCommunicator>, TorchCudaDevice>>(
-      device, comm, hyper, o, shard);
+      device, comm, hyper, TorchCudaDevice::options(options, device), shard);
 }
 
 /// Registers the CUDA engines of Tiers, in one process and sharded, while it
