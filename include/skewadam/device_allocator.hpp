@@ -2,8 +2,8 @@
 // DeviceAllocator: where a device backend takes its memory from (its state,
 // workspace and tables) when the caller has its own allocator, such as a
 // framework's caching allocator (the LibTorch adapter sets torch's, so that
-// the framework sees the memory, freeing it does not wait for the device, and
-// a step can be captured in the framework's CUDA graphs). Left empty, the
+// the framework counts the memory, freeing it does not wait for the device,
+// and no cudaMalloc runs while the framework captures a graph). Left empty, the
 // runtime's own (cudaMalloc, cudaFree). The CPU backend ignores it.
 //
 //   allocate(bytes, context) -> device memory of the optimizer's device, at
@@ -11,9 +11,11 @@
 //                               throws, or returns null, when it has none
 //   release(p, context)      -> gives p back; never throws
 //
-// The backend calls both with its device current, allocate only outside a
-// step, and release only for memory that its stream no longer uses (it waits
-// for the stream first).
+// The backend calls allocate with its device current, and only outside a
+// step. It may release memory that work already enqueued on its stream
+// still reads: release orders the memory's reuse after that work, as a
+// stream-ordered allocator does (torch's, for memory allocated on that
+// stream; cudaFree waits for the device).
 
 #include <cstddef>
 #include <stdexcept>
