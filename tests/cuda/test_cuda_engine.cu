@@ -2,7 +2,8 @@
 // (skewadam/cuda.cuh), on a GPU: every golden case, a non-finite gradient
 // skipped with its report, clipping, checkpoint round trips through the
 // file format, a step captured in a CUDA graph and replayed, Eigen maps of
-// device memory, host memory refused. The same engine runs the whole contract
+// device memory, host memory refused, memory from a stream-ordered allocator
+// of the caller's, a missing device refused. The same engine runs the whole contract
 // suite on the host through the emulated runtime
 // (tests/emulation/test_contract_cuda_emulated.cpp); this program checks the
 // runtime's part. Without a CUDA device it exits 77 (skipped).
@@ -14,13 +15,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <skewadam/backend/cuda/device_buffer.cuh>
 #include <skewadam/checkpoint.hpp>
 #include <skewadam/cuda.cuh>
-#include <skewadam/checkpoint.hpp>
 #include <skewadam/eigen_view.hpp>
 #include <skewadam_tools/golden_case.hpp>
 
@@ -239,6 +240,63 @@ TEST_CASE("front-end on the GPU: host memory is refused, naming the parameter") 
     CHECK(std::string(e.what()).find("param of 'w'") != std::string::npos);
   }
   CHECK(opt.size() == 0);
+}
+
+TEST_CASE("front-end on the GPU: memory from a stream-ordered allocator of the caller's, all of it given back") {
+  struct Pool {
+    cudaStream_t stream = nullptr;
+    std::map<void*, std::size_t> held;
+  };
+  Pool pool;
+  cu::check(cudaStreamCreateWithFlags(&pool.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  DeviceAllocator from;
+  from.allocate = [](std::size_t bytes, void* c) -> void* {
+    auto& p = *static_cast<Pool*>(c);
+    void* q = nullptr;
+    if (cudaMallocAsync(&q, bytes, p.stream) != cudaSuccess) return nullptr;
+    p.held[q] = bytes;
+    return q;
+  };
+  from.release = [](void* q, void* c) noexcept {
+    auto& p = *static_cast<Pool*>(c);
+    p.held.erase(q);
+    (void)cudaFreeAsync(q, p.stream);
+  };
+  from.context = &pool;
+  {
+    std::vector<float> w(300 * 257, 0.5f), gw(w.size(), 0.01f);
+    DeviceFloats p1(w, pool.stream), p2(w), g1(gw, pool.stream), g2(gw);
+    GpuOptimizer<> pooled(Hyperparameters{.lr = 1e-2}, {.stream = pool.stream, .device_allocator = from});
+    GpuOptimizer<> plain(Hyperparameters{.lr = 1e-2});
+    CHECK(pooled.engine().backend().device() == cu::DeviceRuntime::current_device());
+    pooled.add("w", Tier::backbone, TensorView<float>(p1.d.data(), {300, 257}),
+               TensorView<const float>(g1.d.data(), {300, 257}));
+    plain.add("w", Tier::backbone, TensorView<float>(p2.d.data(), {300, 257}),
+              TensorView<const float>(g2.d.data(), {300, 257}));
+    std::size_t bytes = 0;
+    for (const auto& [q, n] : pool.held) bytes += n;
+    CHECK(bytes == static_cast<std::size_t>(pooled.device_bytes()));
+    for (int t = 0; t < 3; ++t) {
+      pooled.step();
+      plain.step();
+    }
+    CHECK(p1.get() == p2.get());
+    CHECK(pooled.steps() == 3);
+  }
+  CHECK(pool.held.empty());
+  cu::check(cudaStreamSynchronize(pool.stream), "cudaStreamSynchronize");
+  cu::check(cudaStreamDestroy(pool.stream), "cudaStreamDestroy");
+}
+
+TEST_CASE("front-end on the GPU: a device that is not there is refused, and the caller's device stays current") {
+  const int before = cu::DeviceRuntime::current_device();
+  try {
+    GpuOptimizer<> opt(Hyperparameters{}, {.device = cu::device_count()});
+    FAIL("a device that does not exist was accepted");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).find("device: " + std::to_string(cu::device_count())) != std::string::npos);
+  }
+  CHECK(cu::DeviceRuntime::current_device() == before);
 }
 
 int main(int argc, char** argv) {
