@@ -21,6 +21,8 @@
 
 #include <skewadam/skewadam.hpp>
 
+#include "../support/device_floats.hpp"
+
 namespace test_devices_emulated {
 
 namespace {
@@ -29,22 +31,14 @@ using namespace skewadam;
 using R = emu::Runtime;
 using Emulated = Optimizer<SkewAdamTiers, tools::EmulatedCuda>;
 
+using Floats = test::DeviceFloats<R>;
+
 /// Floats of device memory on device d (allocated with d current; the
-/// caller's device is left as it was).
-struct Floats {
-  backend::cuda::DeviceArray<R, float> d;
-  Floats(int device, const std::vector<float>& values) {
-    const backend::cuda::DeviceScope<R> on(device);
-    d = backend::cuda::DeviceArray<R, float>(values.size());
-    R::to_device(d.data(), values.data(), d.bytes(), nullptr);
-    R::synchronize(nullptr);
-  }
-  std::vector<float> read() const {
-    std::vector<float> out(d.size());
-    R::to_host(out.data(), d.data(), d.bytes(), nullptr);
-    return out;
-  }
-};
+/// caller's device is left as it was), uploaded on the default stream.
+Floats floats_on(int device, const std::vector<float>& values) {
+  const backend::cuda::DeviceScope<R> scope(device);
+  return Floats(values);
+}
 
 std::vector<float> values(std::size_t n, float scale, std::uint32_t seed) {
   std::vector<float> v(n);
@@ -57,12 +51,12 @@ std::vector<float> values(std::size_t n, float scale, std::uint32_t seed) {
 struct Model {
   Floats w, gw, e, ge, r, gr;
   explicit Model(int device)
-      : w(device, values(48 * 40, 0.5f, 1)),
-        gw(device, values(48 * 40, 0.01f, 2)),
-        e(device, values(4 * 24 * 16, 0.5f, 3)),
-        ge(device, values(4 * 24 * 16, 0.02f, 4)),
-        r(device, values(8 * 40, 0.5f, 5)),
-        gr(device, values(8 * 40, 0.03f, 6)) {}
+      : w(floats_on(device, values(48 * 40, 0.5f, 1))),
+        gw(floats_on(device, values(48 * 40, 0.01f, 2))),
+        e(floats_on(device, values(4 * 24 * 16, 0.5f, 3))),
+        ge(floats_on(device, values(4 * 24 * 16, 0.02f, 4))),
+        r(floats_on(device, values(8 * 40, 0.5f, 5))),
+        gr(floats_on(device, values(8 * 40, 0.03f, 6))) {}
   template <class Opt>
   void register_with(Opt& opt) {
     const ParamId a = opt.add("backbone.w", Tier::backbone, TensorView<float>(w.d.data(), {48, 40}));
@@ -73,9 +67,9 @@ struct Model {
     opt.set_grad(c, TensorView<const float>(gr.d.data(), {8, 40}));
   }
   std::vector<float> params() const {
-    std::vector<float> out = w.read();
+    std::vector<float> out = w.get();
     for (const Floats* f : {&e, &r}) {
-      const std::vector<float> v = f->read();
+      const std::vector<float> v = f->get();
       out.insert(out.end(), v.begin(), v.end());
     }
     return out;
@@ -137,8 +131,8 @@ TEST_CASE("devices: the optimizer keeps the device it was built on, and refuses 
   R::set_device(0);
   Emulated opt(hyper());
   CHECK(opt.engine().backend().device() == 0);
-  const Floats p1(1, values(6 * 5, 0.5f, 7)), g1(1, values(6 * 5, 0.01f, 8));
-  const Floats p0(0, values(6 * 5, 0.5f, 7)), g0(0, values(6 * 5, 0.01f, 8));
+  const Floats p1 = floats_on(1, values(6 * 5, 0.5f, 7)), g1 = floats_on(1, values(6 * 5, 0.01f, 8));
+  const Floats p0 = floats_on(0, values(6 * 5, 0.5f, 7)), g0 = floats_on(0, values(6 * 5, 0.01f, 8));
   THROWS(opt.add("w", Tier::backbone, TensorView<float>(p1.d.data(), {6, 5})),
          "param of 'w': memory of device 1, and the optimizer's device is 0", std::invalid_argument);
   CHECK(opt.size() == 0);
@@ -240,7 +234,7 @@ TEST_CASE("allocator: half an allocator is refused, and one out of memory loses 
   reference.register_with(plain);
   opt.step();
   plain.step();
-  const Floats extra(0, values(32 * 16, 0.5f, 9));
+  const Floats extra = floats_on(0, values(32 * 16, 0.5f, 9));
   c.fail = true;
   THROWS(opt.add("extra", Tier::backbone, TensorView<float>(extra.d.data(), {32, 16})), "device_allocator: no memory",
          std::runtime_error);
