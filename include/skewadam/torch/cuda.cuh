@@ -13,10 +13,10 @@
 // finds the registered engine (torch/core.hpp) and runs its steps on the CUDA
 // backend, on torch's current stream of that device, without waiting for
 // them; its memory comes from torch's caching allocator, so torch counts it
-// and freeing it waits for nothing. With Options::process_group the same unit's sharded engine
-// (cuda::ShardedOptimizer over the group, through dist::AnyCommunicator, so
-// that nvcc never sees c10d's headers) keeps this rank's share of the state
-// on the device. Without this translation unit, CUDA parameters are refused
+// and freeing it waits for nothing. With Options::process_group the same
+// unit's sharded engine (cuda::ShardedOptimizer over the group, through
+// dist::AnyCommunicator, so that nvcc never sees c10d's headers) keeps this
+// rank's share of the state on the device. Without this translation unit, CUDA parameters are refused
 // with a message saying so. With CMake: `enable_language(CUDA)`, the .cu file in
 // the target's sources, and the target linked with `${TORCH_LIBRARIES}` of a
 // CUDA build of LibTorch (torch_cuda, c10_cuda) and `skewadam::skewadam`.
