@@ -94,7 +94,14 @@ int main(int argc, char** argv) {
   try {
     const GoldenCase c = load_golden_case(o.case_dir);
     if (o.backend == "cuda") return replay_cuda(c, o);
-    if (o.backend == "cuda-emulated") return replay_cuda_emulated(c, o);
+    if (o.backend == "cuda-emulated") {
+#if defined(SKEWADAM_REPLAY_WITH_CUDA_EMULATED)
+      return replay_cuda_emulated(c, o);
+#else
+      throw CaseError("--backend cuda-emulated: this skewadam-replay was built without it "
+                      "(SKEWADAM_REPLAY_CUDA_EMULATED=OFF)");
+#endif
+    }
     return replay_cpu(c, o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "skewadam-replay: %s\n", e.what());
