@@ -22,8 +22,8 @@ std::vector<ArrayCheck> check_steps(const GoldenCase& c, const CaseRun& run, std
   return out;
 }
 
-void write_outputs(const GoldenCase& c, const CaseRun& run, std::int64_t first, std::int64_t last,
-                   const std::filesystem::path& out) {
+static void write_outputs(const GoldenCase& c, const CaseRun& run, std::int64_t first, std::int64_t last,
+                          const std::filesystem::path& out) {
   std::filesystem::create_directories(out);
   std::vector<std::int64_t> seq = c.shape;
   seq.insert(seq.begin(), last - first);
@@ -63,4 +63,5 @@ int report(const GoldenCase& c, const std::vector<ArrayCheck>& checks, const Cas
   std::fflush(stdout);
   return ok ? 0 : 1;
 }
+
 }  // namespace skewadam::replay_tool
