@@ -3,8 +3,8 @@
 // skipped with its report, clipping, checkpoint round trips through the
 // file format, a step captured in a CUDA graph and replayed, Eigen maps of
 // device memory, host memory refused, memory from a stream-ordered allocator
-// of the caller's, a missing device refused. The same engine runs the whole contract
-// suite on the host through the emulated runtime
+// of the caller's, a missing device refused. The same engine runs the whole
+// contract suite on the host through the emulated runtime
 // (tests/emulation/test_contract_cuda_emulated.cpp); this program checks the
 // runtime's part. Without a CUDA device it exits 77 (skipped).
 

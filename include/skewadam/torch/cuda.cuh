@@ -16,10 +16,11 @@
 // and freeing it waits for nothing. With Options::process_group the same
 // unit's sharded engine (cuda::ShardedOptimizer over the group, through
 // dist::AnyCommunicator, so that nvcc never sees c10d's headers) keeps this
-// rank's share of the state on the device. Without this translation unit, CUDA parameters are refused
-// with a message saying so. With CMake: `enable_language(CUDA)`, the .cu file in
-// the target's sources, and the target linked with `${TORCH_LIBRARIES}` of a
-// CUDA build of LibTorch (torch_cuda, c10_cuda) and `skewadam::skewadam`.
+// rank's share of the state on the device. Without this translation unit,
+// CUDA parameters are refused with a message saying so. With CMake:
+// `enable_language(CUDA)`, the .cu file in the target's sources, and the
+// target linked with `${TORCH_LIBRARIES}` of a CUDA build of LibTorch
+// (torch_cuda, c10_cuda) and `skewadam::skewadam`.
 
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
