@@ -305,7 +305,7 @@ void pass_run(benchmark::State& state, Kind kind, Shape shape, bool apply) {
   // update alone (it reads only the task's own state and scratch).
   const be::KernelTable* full = backend.kernels<Rule, T, T>();
   const be::KernelTable statistics_only{full->statistics, full->finalize, nullptr, full->finish};
-  const be::KernelTable apply_only{[](const be::TensorTask&, const be::Unit&, be::Scratch) {},
+  const be::KernelTable apply_only{[](const be::TensorTask&, const be::WorkUnit&, be::Scratch) {},
                                    [](const be::TensorTask&, be::Scratch) {}, full->apply, nullptr};
   t.kernel = full;
   backend.run({&t, 1});  // warm-up, and the statistics the apply pass uses

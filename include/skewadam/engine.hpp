@@ -210,9 +210,15 @@ class Engine {
   /// Completes every process's copy of tensor i's parameter from its owners.
   void gather_param(std::size_t i, const ParamView& p) requires(Placement::sharded) {
     const std::size_t elem = static_cast<std::size_t>(dtype_size(p.dtype));
-    [[maybe_unused]] const auto on = backend_.on_device();
-    backend_.with_host_bytes(p.data, static_cast<std::size_t>(p.numel()) * elem, true,
-                             [&](std::byte* host) { placement_.gather_param(tensors_[i].split, host, elem); });
+    if constexpr (Backend::host_memory) {
+      placement_.gather_param(tensors_[i].split, static_cast<std::byte*>(p.data), elem);
+    } else {  // through a host copy
+      std::vector<std::byte> host(static_cast<std::size_t>(p.numel()) * elem);
+      [[maybe_unused]] const auto on = backend_.on_device();
+      backend_.read_memory(host.data(), p.data, host.size());
+      placement_.gather_param(tensors_[i].split, host.data(), elem);
+      backend_.write_memory(p.data, host.data(), host.size());
+    }
   }
   /// Bytes this process put into the exchanges of its last step.
   index_t last_exchange_bytes() const noexcept { return exchanged_; }

@@ -23,6 +23,7 @@
 namespace {
 
 namespace cu = skewadam::backend::cuda;
+using skewadam::backend::WorkUnit;
 using skewadam::index_t;
 
 /// A factored piece of geometry g as the CUDA backend describes it to the
@@ -45,7 +46,7 @@ struct FactoredStatistics {
   std::vector<unsigned> done;
   cu::DeviceTask task{};
   cu::TaskStep step{};
-  std::vector<cu::WorkItem> units;
+  std::vector<WorkUnit> units;
 
   FactoredStatistics(float* param, const skewadam::Shape& shape, std::string_view name) {
     const skewadam::MatrixGeometry g = shape.matrices();
@@ -129,14 +130,14 @@ TEST_CASE("CUDA work lists: a group's statistics workspace is bounded by statist
   // every matrix's rows covered by its row blocks, in order, each with its own partials
   std::vector<index_t> next(384, 0);
   std::vector<index_t> blocks(384, 0);
-  for (const cu::WorkItem& it : lists.units) {
+  for (const WorkUnit& it : lists.units) {
     CHECK(it.begin == next[static_cast<std::size_t>(it.task)]);
     next[static_cast<std::size_t>(it.task)] = it.end;
     CHECK(it.block == blocks[static_cast<std::size_t>(it.task)]++);
     CHECK(it.scratch % 4 == 0);
   }
   for (index_t r : next) CHECK(r == 4096);
-  for (const cu::WorkItem& it : lists.columns) CHECK(it.block == blocks[static_cast<std::size_t>(it.task)]);
+  for (const WorkUnit& it : lists.columns) CHECK(it.block == blocks[static_cast<std::size_t>(it.task)]);
   MESSAGE("384 x 4096^2: ", lists.units.size(), " row blocks, workspace ", static_cast<double>(ws) / 1e6, " MB");
 
   // a matrix alone keeps the finest cut
@@ -164,7 +165,7 @@ TEST_CASE("CUDA work lists: a sharded rank cuts a matrix it owns whole as one pr
   (void)rank.concatenated();
   auto rows_of = [](const cu::GroupLists& l, std::int32_t task, index_t matrix) {
     std::vector<std::pair<index_t, index_t>> out;
-    for (const cu::WorkItem& it : l.units)
+    for (const WorkUnit& it : l.units)
       if (it.task == task && it.matrix == matrix) out.emplace_back(it.begin, it.end);
     return out;
   };

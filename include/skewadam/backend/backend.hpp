@@ -60,6 +60,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "../config.hpp"
 #include "../engine_types.hpp"
@@ -67,6 +68,7 @@
 #include "../optimizer_options.hpp"
 #include "../param_state.hpp"
 #include "../shape.hpp"
+#include "../state_layout.hpp"
 #include "../tensor_view.hpp"
 
 namespace skewadam::backend {
@@ -85,6 +87,43 @@ struct PieceSpec {
   /// own sums (the clip's scope spans processes).
   bool host_divisors = false;
 };
+
+/// Where a piece's arrays start in its tensor's share, in values of m (its
+/// words, state_layout.hpp), v, v_row and v_col; or the share's sizes.
+struct PieceOffsets {
+  index_t m = 0, v = 0, v_row = 0, v_col = 0;
+};
+
+/// Each piece's offsets in its tensor's share (the pieces' arrays
+/// concatenated in piece order), then the share's sizes: pieces.size() + 1
+/// entries.
+inline std::vector<PieceOffsets> piece_offsets(const StateLayout& layout, std::span<const PieceSpec> pieces) {
+  std::vector<PieceOffsets> at(1);
+  for (const PieceSpec& p : pieces) {
+    PieceOffsets next = at.back();
+    next.m += momentum_words(layout, p.geom);
+    if (p.factored) {
+      next.v_row += p.geom.batch * p.geom.rows;
+      next.v_col += p.geom.batch * p.geom.cols;
+    } else {
+      next.v += p.geom.numel();
+    }
+    at.push_back(next);
+  }
+  return at;
+}
+
+/// Points a piece's task (its members m, v, v_row, v_col) at offsets `at` of
+/// its tensor's share (arrays with empty() and data()); null where the share
+/// has no such array.
+template <class Task, class Share>
+void point_piece(Task& task, Share& share, const PieceOffsets& at) {
+  auto in = [](auto& a, index_t k) -> float* { return a.empty() ? nullptr : a.data() + k; };
+  task.m = in(share.m, at.m);
+  task.v = in(share.v, at.v);
+  task.v_row = in(share.v_row, at.v_row);
+  task.v_col = in(share.v_col, at.v_col);
+}
 
 /// What check() found: `known` when the host has the answer (`offender`),
 /// otherwise it is on the device (resolve() fetches it).

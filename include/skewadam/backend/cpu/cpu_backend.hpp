@@ -71,7 +71,7 @@ namespace cpu {
 /// chunk's first offending element, or -1.
 template <class G>
 struct GradientScan {
-  static void statistics(const TensorTask& t, const Unit& u, Scratch) {
+  static void statistics(const TensorTask& t, const WorkUnit& u, Scratch) {
     const G* g = static_cast<const G*>(t.grad) + u.matrix * t.geom.matrix_size();
     t.unit_sum[u.block] =
         static_cast<double>(first_offending(g + u.begin, u.end - u.begin, t.scalars.grad_scale, t.grad_limit));
@@ -156,11 +156,6 @@ class CpuBackend {
   void write_memory(void* p, const void* host, std::size_t n) noexcept {
     if (n > 0) std::memcpy(p, host, n);
   }
-  /// f(bytes) on n bytes of memory at p: here, in place.
-  template <class F>
-  void with_host_bytes(void* p, std::size_t, bool, F&& f) {
-    f(static_cast<std::byte*>(p));
-  }
 
   // ------------------------------------------------------ registration
   /// A tensor's kernels: for a gradient of the parameter's dtype, and for an
@@ -171,31 +166,23 @@ class CpuBackend {
     Tensor e;
     e.kernels = kernels;
     e.tier = reg.tier;
-    index_t elems = 0, rows = 0, cols = 0;
-    for (const PieceSpec& p : specs) {
-      elems += p.geom.numel();
-      if (p.factored) rows += p.geom.batch * p.geom.rows, cols += p.geom.batch * p.geom.cols;
-      e.factored = p.factored;
-      e.limit = gradient_limit(MatrixGeometry{1, p.full_rows, p.geom.cols}, p.factored);
-    }
-    // m: each piece's words (state_layout.hpp; the pieces hold whole blocks)
-    index_t words = 0;
-    for (const PieceSpec& p : specs) words += momentum_words(reg.layout, p.geom);
-    e.state.m.assign(static_cast<std::size_t>(words), 0.0f);
+    const std::vector<PieceOffsets> at = piece_offsets(reg.layout, specs);
+    const PieceOffsets& size = at.back();
+    e.state.m.assign(static_cast<std::size_t>(size.m), 0.0f);
+    e.state.v.assign(static_cast<std::size_t>(size.v), 0.0f);
+    e.state.v_row.assign(static_cast<std::size_t>(size.v_row), 0.0f);
+    e.state.v_col.assign(static_cast<std::size_t>(size.v_col), 0.0f);
+    e.factored = !specs.empty() && specs.front().factored;
+    if (!specs.empty()) e.limit = gradient_limit({1, specs.front().full_rows, specs.front().geom.cols}, e.factored);
     const bool stored = reg.layout.momentum && reg.layout.storage != MomentumStorage::f32;
-    if (e.factored) {
-      e.state.v_row.assign(static_cast<std::size_t>(rows), 0.0f);
-      e.state.v_col.assign(static_cast<std::size_t>(cols), 0.0f);
-    } else {
-      e.state.v.assign(static_cast<std::size_t>(elems), 0.0f);
-    }
     // a tensor is restorable when its statistics pass writes only R and C
-    e.restorable = e.factored && e.state.m.empty() && !specs.empty();
-    if (e.restorable) e.backup_floats = static_cast<index_t>(e.state.v_row.size() + e.state.v_col.size());
-    index_t elem_at = 0, row_at = 0, col_at = 0, m_at = 0;
-    for (const PieceSpec& spec : specs) {
+    e.restorable = e.factored && e.state.m.empty();
+    if (e.restorable) e.backup_floats = size.v_row + size.v_col;
+    for (std::size_t q = 0; q < specs.size(); ++q) {
+      const PieceSpec& spec = specs[q];
       Piece p;
       p.spec = spec;
+      p.at = at[q];
       TensorTask& t = p.task;
       t.geom = spec.geom;
       t.factored = spec.factored;
@@ -203,16 +190,8 @@ class CpuBackend {
       t.cut = spec.cut;
       t.full_rows = spec.full_rows;
       t.grad_limit = e.limit;
-      p.elem_at = elem_at;
-      p.m_at = m_at;
-      p.row_at = row_at;
-      p.col_at = col_at;
-      elem_at += spec.geom.numel();
-      m_at += momentum_words(reg.layout, spec.geom);
       const auto B = static_cast<std::size_t>(spec.geom.batch);
       if (spec.factored) {
-        row_at += spec.geom.batch * spec.geom.rows;
-        col_at += spec.geom.batch * spec.geom.cols;
         t.row_blocks = Cutting::row_blocks(spec.geom);
         if (stored) t.row_align = momentum_block / std::gcd(spec.geom.cols, momentum_block);
         p.partial_floats = Cutting::partial_floats(spec.geom, spec.cut);
@@ -457,10 +436,9 @@ class CpuBackend {
     index_t partial_floats = 0;  ///< of the step's workspace, for its row blocks' column sums and again for D_j
     std::vector<double> unit_sum;
     std::vector<double> scan;  ///< per chunk: first offending offset, or -1
-    index_t elem_at = 0, row_at = 0, col_at = 0;  ///< into the tensor's share
-    index_t m_at = 0;                             ///< its first word of m in the share
-    index_t clip_at = 0;                          ///< its first matrix in clip_sums_ and divisors_
-    index_t cut_at = -1;                          ///< its c + 1 values in cut_sums_ (cut)
+    PieceOffsets at;      ///< where its arrays start in the tensor's share
+    index_t clip_at = 0;  ///< its first matrix in clip_sums_ and divisors_
+    index_t cut_at = -1;  ///< its c + 1 values in cut_sums_ (cut)
   };
   struct Tensor {
     std::array<kernels_type, 2> kernels{};
@@ -499,11 +477,7 @@ class CpuBackend {
   static void point(Tensor& e) {
     for (Piece& p : e.pieces) {
       TensorTask& t = p.task;
-      auto at = [](std::vector<float>& v, index_t k) { return v.empty() ? nullptr : v.data() + k; };
-      t.m = at(e.state.m, p.m_at);
-      t.v = at(e.state.v, p.elem_at);
-      t.v_row = at(e.state.v_row, p.row_at);
-      t.v_col = at(e.state.v_col, p.col_at);
+      point_piece(t, e.state, p.at);
       t.matrices = p.matrices.data();
       t.col_partial = t.d_partial = nullptr;  // the step's workspace (place_workspace)
       t.unit_sum = p.unit_sum.empty() ? nullptr : p.unit_sum.data();
@@ -631,7 +605,7 @@ class CpuBackend {
     std::fill(pending_left_.begin(), pending_left_.begin() + static_cast<std::ptrdiff_t>(pass_.size()), index_t{0});
     index_t elements = 0;
     bool any_apply = false;
-    for (const Unit& u : units_) {
+    for (const WorkUnit& u : units_) {
       const TensorTask& t = pass_[static_cast<std::size_t>(u.task)];
       ++pending_left_[static_cast<std::size_t>(u.task)];
       elements += (u.end - u.begin) * (t.factored ? t.geom.cols : 1);
@@ -641,7 +615,7 @@ class CpuBackend {
     if (units_.empty() || (!stats && !apply)) return;
     const auto n = static_cast<std::int64_t>(units_.size());
     auto statistics = [&](std::int64_t k, Scratch scratch) {
-      const Unit& u = units_[static_cast<std::size_t>(k)];
+      const WorkUnit& u = units_[static_cast<std::size_t>(k)];
       const auto task = static_cast<std::size_t>(u.task);
       if (!pass_stats_[task]) return;
       const TensorTask& t = pass_[task];
@@ -652,7 +626,7 @@ class CpuBackend {
       else t.kernel->finalize(t, scratch);
     };
     auto update = [&](std::int64_t k, Scratch scratch) {
-      const Unit& u = units_[static_cast<std::size_t>(k)];
+      const WorkUnit& u = units_[static_cast<std::size_t>(k)];
       const TensorTask& t = pass_[static_cast<std::size_t>(u.task)];
       if (t.kernel->apply) t.kernel->apply(t, u, scratch);
     };
@@ -720,7 +694,7 @@ class CpuBackend {
   std::vector<Piece*> pass_piece_;
   std::vector<char> pass_stats_;
   std::vector<Piece*> cut_;
-  std::vector<Unit> units_;
+  std::vector<WorkUnit> units_;
   std::vector<index_t> pending_left_;  ///< accessed through std::atomic_ref during a region
   Verdict verdict_{};
   bool pending_ = false;  ///< statistics() was called and has not run

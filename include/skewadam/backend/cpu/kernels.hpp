@@ -309,7 +309,7 @@ struct Kernels {
   }
 
   // ------------------------------------------------------- element-wise rule
-  static void elementwise_statistics(const TensorTask& t, const Unit& unit) {
+  static void elementwise_statistics(const TensorTask& t, const WorkUnit& unit) {
     const Ctx x(t);
     const StepScalars& s = x.s;
     const index_t base = unit.matrix * t.geom.matrix_size();
@@ -347,7 +347,7 @@ struct Kernels {
     }
   }
 
-  static void elementwise_apply(const TensorTask& t, const Unit& unit) {
+  static void elementwise_apply(const TensorTask& t, const WorkUnit& unit) {
     const Ctx x(t);
     const index_t base = unit.matrix * t.geom.matrix_size();
     // lr * u / divisor, with lr / divisor formed once
@@ -638,7 +638,7 @@ struct Kernels {
 
   /// p <- round(p * decay - n_ij * (a_i * w_j)), w_j = 1 / col_j and
   /// a_i = lr / (row_i * divisor) (see the file comment).
-  static void factored_apply(const TensorTask& t, const Unit& unit, float* w) {
+  static void factored_apply(const TensorTask& t, const WorkUnit& unit, float* w) {
     const Ctx x(t);
     const index_t b = unit.matrix;
     const index_t c = x.cols;
@@ -659,7 +659,7 @@ struct Kernels {
   }
 
   // ------------------------------------------------------------ the table
-  static void statistics(const TensorTask& t, const Unit& unit, Scratch scratch) {
+  static void statistics(const TensorTask& t, const WorkUnit& unit, Scratch scratch) {
     if constexpr (S::factored) {
       const index_t c = t.geom.cols;
       if (t.row_blocks > 1 || t.cut) {
@@ -706,7 +706,7 @@ struct Kernels {
     }
   }
 
-  static void apply(const TensorTask& t, const Unit& unit, Scratch scratch) {
+  static void apply(const TensorTask& t, const WorkUnit& unit, Scratch scratch) {
     if constexpr (S::factored) factored_apply(t, unit, scratch.f);
     else elementwise_apply(t, unit);
   }

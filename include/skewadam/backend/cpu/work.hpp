@@ -2,10 +2,11 @@
 // How the CPU backend cuts a step into work, independently of thread count.
 //
 // A step is a list of TensorTasks (one per piece of a tensor with a gradient,
-// backend/backend.hpp) and a list of Units: row blocks of factored matrices,
-// element chunks of element-wise tensors. The cut depends only on shapes,
-// every reduction is summed per unit and units are combined in a fixed order,
-// so results are bit-identical for any number of threads and any scheduling.
+// backend/backend.hpp) and a list of WorkUnits (work_unit.hpp): row blocks
+// of factored matrices, element chunks of element-wise tensors. The cut
+// depends only on shapes, every reduction is summed per unit and units are
+// combined in a fixed order, so results are bit-identical for any number of
+// threads and any scheduling.
 
 #include <algorithm>
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include "../../random.hpp"
 #include "../../shape.hpp"
 #include "../../step_scalars.hpp"
+#include "../work_unit.hpp"
 
 namespace skewadam::backend {
 
@@ -74,17 +76,6 @@ constexpr index_t row_block_start(index_t r, index_t k, index_t nb, index_t alig
   return r * k / nb / align * align;
 }
 
-/// One piece of work. Factored: rows [begin, end) of matrix `matrix`, block
-/// `block`. Element-wise: elements [begin, end) of matrix `matrix`, chunk
-/// `block` of the tensor.
-struct Unit {
-  std::int32_t task = 0;
-  index_t matrix = 0;
-  index_t begin = 0;
-  index_t end = 0;
-  index_t block = 0;
-};
-
 /// The calling thread's scratch, never shared between threads: room for
 /// Scratch::floats(cols) floats and Scratch::doubles(cols) doubles, cols
 /// being the widest factored matrix registered.
@@ -121,11 +112,11 @@ class ScratchSpace {
 struct KernelTable {
   /// Statistics pass (and, for an element-wise rule without clipping, the
   /// whole update).
-  void (*statistics)(const TensorTask&, const Unit&, Scratch scratch);
+  void (*statistics)(const TensorTask&, const WorkUnit&, Scratch scratch);
   /// Combines per-unit partials, finishes statistics, computes clip divisors.
   void (*finalize)(const TensorTask&, Scratch scratch);
   /// Applies the update; null when statistics() already did.
-  void (*apply)(const TensorTask&, const Unit&, Scratch scratch);
+  void (*apply)(const TensorTask&, const WorkUnit&, Scratch scratch);
   /// A cut task, after its statistics: C_j and vbar from `totals` (c column
   /// sums of g^2 then the sum of R_i, over every process's rows), and its
   /// own sum of u^2.
@@ -156,13 +147,13 @@ struct Cutting {
 };
 
 /// Appends the units of `task` (index `task_index`) to `units`.
-inline void append_units(const TensorTask& task, std::int32_t task_index, std::vector<Unit>& units) {
+inline void append_units(const TensorTask& task, std::int32_t task_index, std::vector<WorkUnit>& units) {
   const MatrixGeometry& g = task.geom;
   if (task.factored) {
     const index_t nb = task.row_blocks;
     for (index_t b = 0; b < g.batch; ++b)
       for (index_t k = 0; k < nb; ++k)
-        units.push_back(Unit{task_index, b, row_block_start(g.rows, k, nb, task.row_align),
+        units.push_back(WorkUnit{task_index, b, row_block_start(g.rows, k, nb, task.row_align),
                              row_block_start(g.rows, k + 1, nb, task.row_align), k});
   } else {
     const index_t n = g.matrix_size();
@@ -170,7 +161,7 @@ inline void append_units(const TensorTask& task, std::int32_t task_index, std::v
     for (index_t b = 0; b < g.batch; ++b)
       for (index_t k = 0; k < nc; ++k) {
         const index_t begin = k * Cutting::chunk_elems;
-        units.push_back(Unit{task_index, b, begin, std::min(n, begin + Cutting::chunk_elems), b * nc + k});
+        units.push_back(WorkUnit{task_index, b, begin, std::min(n, begin + Cutting::chunk_elems), b * nc + k});
       }
   }
 }

@@ -88,8 +88,8 @@ inline constexpr index_t none = INT64_MAX;
 
 template <int = 0>
 __global__ void __launch_bounds__(block_threads)
-    scan_kernel(const GradTask* tasks, const TaskStep* steps, const WorkItem* items, index_t* first, float* value) {
-  const WorkItem it = items[blockIdx.x];
+    scan_kernel(const GradTask* tasks, const TaskStep* steps, const WorkUnit* items, index_t* first, float* value) {
+  const WorkUnit it = items[blockIdx.x];
   const GradTask t = tasks[it.task];
   if (t.grad == nullptr) {
     if (threadIdx.x == 0) first[it.block] = -1;
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(block_threads)
 
 template <int = 0>
 __global__ void __launch_bounds__(block_threads)
-    decide_kernel(const index_t* first, const float* value, index_t n_slots, const WorkItem* items, TaskStep* steps,
+    decide_kernel(const index_t* first, const float* value, index_t n_slots, const WorkUnit* items, TaskStep* steps,
                   int n_tasks, CheckOutcome* out) {
   index_t best = detail::none;
   for (index_t k = threadIdx.x; k < n_slots; k += blockDim.x)
@@ -131,8 +131,8 @@ __global__ void __launch_bounds__(block_threads)
 
 template <int = 0>
 __global__ void __launch_bounds__(block_threads)
-    squares_kernel(const GradTask* tasks, const WorkItem* items, double* partial) {
-  const WorkItem it = items[blockIdx.x];
+    squares_kernel(const GradTask* tasks, const WorkUnit* items, double* partial) {
+  const WorkUnit it = items[blockIdx.x];
   const GradTask t = tasks[it.task];
   if (t.grad == nullptr) {
     if (threadIdx.x == 0) partial[it.block] = 0.0;

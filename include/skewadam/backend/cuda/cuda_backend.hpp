@@ -68,7 +68,6 @@ class CudaBackend {
   template <class T>
   using Array = cuda::DeviceArray<R, T>;
   using Mem = cuda::DeviceMemory<R>;
-  using WorkItem = cuda::WorkItem;
   using DeviceTask = cuda::DeviceTask;
   using Passes = cuda::GroupPasses<R>;
 
@@ -177,15 +176,6 @@ class CudaBackend {
   /// Bytes between device memory and the host (in stream order; both wait).
   void read_memory(void* host, const void* device, std::size_t n) const { Mem::read(host, device, n, stream_); }
   void write_memory(void* device, const void* host, std::size_t n) { Mem::write(device, host, n, stream_); }
-  /// f(bytes) on a host copy of n bytes of device memory at p, written back
-  /// when `write_back`.
-  template <class F>
-  void with_host_bytes(void* p, std::size_t n, bool write_back, F&& f) {
-    std::vector<std::byte> host(n);
-    read_memory(host.data(), p, n);
-    f(host.data());
-    if (write_back) write_memory(p, host.data(), n);
-  }
 
   // -------------------------------------------------------- registration
   void add(const TensorRegistration& reg, std::span<const PieceSpec> specs, std::array<kernels_type, 2> kernels) {
@@ -194,10 +184,11 @@ class CudaBackend {
     e.ops = kernels[0];
     e.whole = reg.param.shape.matrices();
     const auto index = static_cast<std::int32_t>(tensors_.size());
-    std::size_t elems = 0, rows = 0, cols = 0, words = 0;
+    const std::vector<PieceOffsets> at = piece_offsets(reg.layout, specs);
     std::vector<cuda::ScratchSizes> sizes;
     cuda::ScratchSizes total;
-    for (const PieceSpec& spec : specs) {
+    for (std::size_t q = 0; q < specs.size(); ++q) {
+      const PieceSpec& spec = specs[q];
       DeviceTask d;
       d.geom = spec.geom;
       d.param = static_cast<char*>(reg.param.data) + spec.first * dtype_size(reg.param.dtype);
@@ -221,35 +212,25 @@ class CudaBackend {
       total.doubles += sz.doubles;
       total.counters += sz.counters;
       e.limit = gradient_limit(MatrixGeometry{1, spec.full_rows, spec.geom.cols}, spec.factored);
-      e.pieces.push_back(Piece{spec, d, elems, rows, cols, words});
-      elems += static_cast<std::size_t>(spec.geom.numel());
-      words += static_cast<std::size_t>(momentum_words(reg.layout, spec.geom));
-      if (spec.factored) {
-        rows += static_cast<std::size_t>(spec.geom.batch * spec.geom.rows);
-        cols += static_cast<std::size_t>(spec.geom.batch * spec.geom.cols);
-      }
+      e.pieces.push_back(Piece{spec, d, at[q]});
     }
-    if (!specs.empty()) {
-      if (reg.layout.momentum) mem_.zeroed(e.state.m, words, stream_);  // state_layout.hpp
-      if (specs.front().factored) {
-        mem_.zeroed(e.state.v_row, rows, stream_);
-        mem_.zeroed(e.state.v_col, cols, stream_);
-      } else {
-        mem_.zeroed(e.state.v, elems, stream_);
-      }
-    }
+    const PieceOffsets& size = at.back();
+    mem_.zeroed(e.state.m, static_cast<std::size_t>(size.m), stream_);
+    mem_.zeroed(e.state.v, static_cast<std::size_t>(size.v), stream_);
+    mem_.zeroed(e.state.v_row, static_cast<std::size_t>(size.v_row), stream_);
+    mem_.zeroed(e.state.v_col, static_cast<std::size_t>(size.v_col), stream_);
     e.scratch_f = array<float>(total.floats);
     e.scratch_d = array<double>(total.doubles);
     if (total.counters > 0) mem_.zeroed(e.done, total.counters, stream_);
     std::size_t f = 0, x = 0, k = 0;
     for (std::size_t q = 0; q < e.pieces.size(); ++q) {
-      cuda::place_scratch(e.pieces[q].task, e.pieces[q].spec.factored, e.scratch_f.data() + f,
-                          e.scratch_d.data() + x, e.done.data() + k);
+      Piece& p = e.pieces[q];
+      cuda::place_scratch(p.task, p.spec.factored, e.scratch_f.data() + f, e.scratch_d.data() + x, e.done.data() + k);
+      point_piece(p.task, e.state, p.offsets);
       f += sizes[q].floats;
       x += sizes[q].doubles;
       k += sizes[q].counters;
     }
-    point_state(e);
     std::vector<std::int64_t> counts(tensors_.size() + 1);
     R::to_host(counts.data(), tables_.counts.data(), tables_.counts.bytes(), stream_);
     counts.insert(counts.end() - 1, 0);  // the new tensor's, before the optimizer's
@@ -313,13 +294,9 @@ class CudaBackend {
       if (!staged.shares[i]) continue;
       Tensor& e = tensors_[i];
       std::swap(e.state, *staged.shares[i]);
-      point_state(e);
-      for (const Piece& p : e.pieces) {
-        DeviceTask& d = tables_.tasks[static_cast<std::size_t>(p.at)];
-        d.m = p.task.m;
-        d.v = p.task.v;
-        d.v_row = p.task.v_row;
-        d.v_col = p.task.v_col;
+      for (Piece& p : e.pieces) {
+        point_piece(p.task, e.state, p.offsets);
+        point_piece(tables_.tasks[static_cast<std::size_t>(p.at)], e.state, p.offsets);
       }
     }
     tables_.tasks_dirty = true;
@@ -407,15 +384,7 @@ class CudaBackend {
 
   void begin() {
     const Tables& t = tables_;
-    if (control_.max_norm > 0) {  // the step's sum of g^2, for begin_step_kernel's scale
-      R::template launch<&cuda::squares_kernel<>>(grid(t.check_items.size()), cuda::block_threads, stream_,
-                                                  static_cast<const cuda::GradTask*>(t.grad_tasks.data()),
-                                                  static_cast<const WorkItem*>(t.check_items.data()),
-                                                  t.partial.data());
-      R::template launch<&cuda::total_kernel<>>(1u, cuda::block_threads, stream_,
-                                                static_cast<const double*>(t.partial.data()),
-                                                static_cast<index_t>(t.check_items.size()), norm_sq_.data());
-    }
+    if (control_.max_norm > 0) sum_squares(norm_sq_.data());  // for begin_step_kernel's scale
     R::template launch<&cuda::begin_step_kernel<>>(
         grid(std::max<std::size_t>(1, (t.tasks.size() + 127) / 128)), 128u, stream_,
         static_cast<const DeviceTask*>(t.d_tasks.data()), static_cast<const cuda::StepControl*>(control_d_.data()),
@@ -428,13 +397,13 @@ class CudaBackend {
     R::template launch<&cuda::scan_kernel<>>(grid(t.check_items.size()), cuda::block_threads, stream_,
                                              static_cast<const cuda::GradTask*>(t.grad_tasks.data()),
                                              static_cast<const cuda::TaskStep*>(t.d_steps.data()),
-                                             static_cast<const WorkItem*>(t.check_items.data()), t.first.data(),
+                                             static_cast<const WorkUnit*>(t.check_items.data()), t.first.data(),
                                              t.value.data());
     R::template launch<&cuda::decide_kernel<>>(1u, cuda::block_threads, stream_,
                                                static_cast<const index_t*>(t.first.data()),
                                                static_cast<const float*>(t.value.data()),
                                                static_cast<index_t>(t.first.size()),
-                                               static_cast<const WorkItem*>(t.check_items.data()), t.d_steps.data(),
+                                               static_cast<const WorkUnit*>(t.check_items.data()), t.d_steps.data(),
                                                static_cast<int>(t.tasks.size()), outcome_.data());
     return Verdict{false, std::nullopt};
   }
@@ -494,10 +463,7 @@ class CudaBackend {
     const Tables& t = tables_;
     if (t.check_items.empty()) return 0.0;
     sync_grad_table(items);
-    R::template launch<&cuda::squares_kernel<>>(grid(t.check_items.size()), cuda::block_threads, stream_,
-                                                t.grad_tasks.data(), t.check_items.data(), t.partial.data());
-    R::template launch<&cuda::total_kernel<>>(1u, cuda::block_threads, stream_, t.partial.data(),
-                                              static_cast<index_t>(t.partial.size()), t.total.data());
+    sum_squares(t.total.data());
     double sum = 0;
     R::to_host(&sum, t.total.data(), sizeof sum, stream_);
     return sum;
@@ -553,10 +519,9 @@ class CudaBackend {
  private:
   struct Piece {
     PieceSpec spec;
-    DeviceTask task;                  ///< its state and scratch (the tables add the step's pointers)
-    std::size_t elem_at = 0, row_at = 0, col_at = 0;  ///< into the tensor's share
-    std::size_t m_at = 0;                             ///< its first word of m in the share
-    index_t at = 0;                   ///< its index in the tables
+    DeviceTask task;       ///< its state and scratch (the tables add the step's pointers)
+    PieceOffsets offsets;  ///< where its arrays start in the tensor's share
+    index_t at = 0;        ///< its index in the tables
   };
   struct Tensor {
     std::array<kernels_type, 2> kernels{};
@@ -571,7 +536,7 @@ class CudaBackend {
   };
   struct Group {
     kernels_type ops = nullptr;
-    Array<WorkItem> items;
+    Array<WorkUnit> items;
     Array<std::int32_t> ids;
     cuda::GroupArrays arrays;
     std::size_t workspace = 0;     ///< doubles of statistics workspace its passes need
@@ -588,7 +553,7 @@ class CudaBackend {
     std::vector<int> stepped;       ///< per tensor: in the step (what d_stepped holds)
     Array<int> d_stepped;
     std::vector<Group> groups;
-    Array<WorkItem> check_items;    ///< one per chunk of every piece; item.block is its slot
+    Array<WorkUnit> check_items;    ///< one per chunk of every piece; item.block is its slot
     mutable std::vector<cuda::GradTask> host_grad_tasks;  ///< what grad_tasks holds
     Array<cuda::GradTask> grad_tasks;
     Array<index_t> first;
@@ -614,15 +579,15 @@ class CudaBackend {
   const DeviceTask* tasks_d() const { return tables_.d_tasks.data(); }
   const cuda::TaskStep* steps_d() const { return tables_.d_steps.data(); }
 
-  /// Points e's pieces at its share of the state.
-  static void point_state(Tensor& e) {
-    for (Piece& p : e.pieces) {
-      auto at = [](const Array<float>& a, std::size_t k) { return a.empty() ? nullptr : a.data() + k; };
-      p.task.m = at(e.state.m, p.m_at);
-      p.task.v = at(e.state.v, p.elem_at);
-      p.task.v_row = at(e.state.v_row, p.row_at);
-      p.task.v_col = at(e.state.v_col, p.col_at);
-    }
+  /// Enqueues the sum of g^2 over the gradient table's pieces, into *out.
+  void sum_squares(double* out) const {
+    const Tables& t = tables_;
+    R::template launch<&cuda::squares_kernel<>>(grid(t.check_items.size()), cuda::block_threads, stream_,
+                                                static_cast<const cuda::GradTask*>(t.grad_tasks.data()),
+                                                static_cast<const WorkUnit*>(t.check_items.data()), t.partial.data());
+    R::template launch<&cuda::total_kernel<>>(1u, cuda::block_threads, stream_,
+                                              static_cast<const double*>(t.partial.data()),
+                                              static_cast<index_t>(t.partial.size()), out);
   }
 
   /// The pieces' gradients of `items` (the others null), uploaded when changed.
@@ -754,14 +719,14 @@ class CudaBackend {
     for (const Tensor& e : tensors_) ops.push_back(e.ops);
     t.groups = build_groups(ops);
 
-    std::vector<WorkItem> checks;
+    std::vector<WorkUnit> checks;
     for (std::size_t k = 0; k < t.tasks.size(); ++k) {
       const MatrixGeometry& g = t.tasks[k].geom;
       for (index_t b = 0; b < g.batch; ++b)
         for (index_t o = 0; o < g.matrix_size(); o += cuda::chunk_elems) {
           const auto slot = static_cast<index_t>(checks.size());
           checks.push_back(
-              WorkItem{static_cast<std::int32_t>(k), b, o, std::min(g.matrix_size(), o + cuda::chunk_elems), slot});
+              WorkUnit{static_cast<std::int32_t>(k), b, o, std::min(g.matrix_size(), o + cuda::chunk_elems), slot});
         }
     }
     if (checks.size() > 0x7fffffffu) throw std::invalid_argument("parameters: too many work items for one launch");

@@ -3,11 +3,12 @@
 // The per-element math is the rule's policies (the same SKEWADAM_HD functions
 // the CPU backend calls); this file only walks memory, reduces and stores.
 //
-// The task layout the kernels are handed (DeviceTask, TaskStep, WorkItem,
-// the launch shapes) is plain data in task.hpp. Work is cut by shape only
-// (WorkItem lists built when tensors are registered), and one launch covers every tensor of a group (tensors sharing
-// a rule and dtypes), so a step is a handful of launches per group, whatever
-// the number of tensors. Every reduction has a fixed order (per-block partials
+// The task layout the kernels are handed (DeviceTask, TaskStep, the launch
+// shapes; task.hpp) and their units of work (WorkUnit, ../work_unit.hpp) are
+// plain data. Work is cut by shape only (WorkUnit lists built when tensors
+// are registered), and one launch covers every tensor of a group (tensors
+// sharing a rule and dtypes), so a step is a handful of launches per group,
+// whatever the number of tensors. Every reduction has a fixed order (per-block partials
 // written to scratch, combined in index order; block sums by a fixed shuffle
 // tree): the same inputs give the same bits on every run. The only atomics
 // are counters that tell a matrix's last block to finish; they choose which
@@ -394,7 +395,7 @@ struct Math {
     }
   }
 
-  static __device__ void factored_statistics(const DeviceTask& t, const StepScalars& s, const WorkItem& it,
+  static __device__ void factored_statistics(const DeviceTask& t, const StepScalars& s, const WorkUnit& it,
                                              double* workspace) {
     const index_t c = t.geom.cols;
     double* colp = workspace + it.scratch + 2 * it.block * c;
@@ -420,7 +421,7 @@ struct Math {
   /// its sum u^2, the tensor's last matrix the clip divisors. Lane l of every
   /// warp takes column begin + l; warp w takes a fixed slice of the row
   /// blocks; the slices' sums are combined in warp order.
-  static __device__ void factored_columns(const DeviceTask& t, const TaskStep& st, const WorkItem& it,
+  static __device__ void factored_columns(const DeviceTask& t, const TaskStep& st, const WorkUnit& it,
                                           const double* workspace) {
     const StepScalars& s = st.s;
     __shared__ double s_cs[block_warps][32];
@@ -597,7 +598,7 @@ struct Math {
   /// it.end) of this rank's column sums of g^2 (its row blocks' partials, in
   /// order, in double) into shard_sums; the block of the first columns also
   /// this rank's sum of R_i.
-  static __device__ void factored_shard_sums(const DeviceTask& t, const WorkItem& it, const double* workspace) {
+  static __device__ void factored_shard_sums(const DeviceTask& t, const WorkUnit& it, const double* workspace) {
     const index_t r = t.geom.rows;
     const index_t c = t.geom.cols;
     const index_t nb = it.block;
@@ -633,7 +634,7 @@ struct Math {
     return {C::active ? t.divisor[b] : 1.0f, t.vbar[b], t.v_row + b * t.geom.rows, t.inv_col + b * t.geom.cols};
   }
 
-  static __device__ void factored_apply(const DeviceTask& t, const TaskStep& st, const WorkItem& it) {
+  static __device__ void factored_apply(const DeviceTask& t, const TaskStep& st, const WorkUnit& it) {
     if (quads_ok(t)) {
       if constexpr (random)
         factored_apply_octets(t, st, it);
@@ -658,7 +659,7 @@ struct Math {
   /// factored_apply over aligned quads, last quad first, for a rule that
   /// draws no random bits: each thread takes `unroll` quads per round and
   /// issues all their loads before the first use.
-  static __device__ void factored_apply_quads(const DeviceTask& t, const TaskStep& st, const WorkItem& it) {
+  static __device__ void factored_apply_quads(const DeviceTask& t, const TaskStep& st, const WorkUnit& it) {
     constexpr int unroll = 2;
     const StepScalars& s = st.s;
     const index_t b = it.matrix;
@@ -715,7 +716,7 @@ struct Math {
   /// each thread takes the two quads of one Philox block (the 8 elements of
   /// block k, random.hpp), last block first, issues both quads' loads, then
   /// evaluates the block once for both.
-  static __device__ void factored_apply_octets(const DeviceTask& t, const TaskStep& st, const WorkItem& it) {
+  static __device__ void factored_apply_octets(const DeviceTask& t, const TaskStep& st, const WorkUnit& it) {
     const StepScalars& s = st.s;
     const index_t b = it.matrix;
     const index_t r = t.geom.rows;
@@ -772,7 +773,7 @@ struct Math {
   /// block's stored values (policies/bf16_momentum.hpp,
   /// int8_block_momentum.hpp), with the random bits of element_base + the
   /// element's index in the tensor, from the momentum's stream.
-  static __device__ void momentum_blocks(const DeviceTask& t, const TaskStep& st, const WorkItem& it) {
+  static __device__ void momentum_blocks(const DeviceTask& t, const TaskStep& st, const WorkUnit& it) {
     if constexpr (stored) {
       constexpr int per_lane = static_cast<int>(momentum_block / 32);
       const StepScalars& s = st.s;
@@ -827,7 +828,7 @@ struct Math {
   }
 
   // ------------------------------------------------------ element-wise rule
-  static __device__ void elementwise_statistics(const DeviceTask& t, const TaskStep& st, const WorkItem& it) {
+  static __device__ void elementwise_statistics(const DeviceTask& t, const TaskStep& st, const WorkUnit& it) {
     const StepScalars& s = st.s;
     const index_t base = it.matrix * t.geom.matrix_size();
     const index_t e0 = base + it.begin;
@@ -858,7 +859,7 @@ struct Math {
     }
   }
 
-  static __device__ void elementwise_apply(const DeviceTask& t, const TaskStep& st, const WorkItem& it) {
+  static __device__ void elementwise_apply(const DeviceTask& t, const TaskStep& st, const WorkUnit& it) {
     const StepScalars& s = st.s;
     const index_t base = it.matrix * t.geom.matrix_size();
     const float lr_eff = C::active ? s.lr / t.divisor[it.matrix] : s.lr;
@@ -909,13 +910,13 @@ struct Math {
 // whose gradients offend (TaskStep::skip), return at once (the whole block,
 // before any barrier).
 
-// `workspace`: the group's (WorkItem::scratch).
+// `workspace`: the group's (WorkUnit::scratch).
 
 template <class Rule, class P, class G>
 __global__ void __launch_bounds__(block_threads)
-    statistics_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkItem* items, double* workspace) {
+    statistics_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkUnit* items, double* workspace) {
   using X = Math<Rule, P, G>;
-  const WorkItem it = items[blockIdx.x];
+  const WorkUnit it = items[blockIdx.x];
   if (tasks[it.task].grad == nullptr || steps[it.task].skip) return;
   const DeviceTask t = tasks[it.task];  // a copy: stores through float* cannot alias it
   const TaskStep st = steps[it.task];
@@ -927,9 +928,9 @@ __global__ void __launch_bounds__(block_threads)
 /// statistics.
 template <class Rule, class P, class G>
 __global__ void __launch_bounds__(block_threads)
-    momentum_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkItem* items) {
+    momentum_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkUnit* items) {
   using X = Math<Rule, P, G>;
-  const WorkItem it = items[blockIdx.x];
+  const WorkUnit it = items[blockIdx.x];
   if (tasks[it.task].grad == nullptr || steps[it.task].skip) return;
   const DeviceTask t = tasks[it.task];
   const TaskStep st = steps[it.task];
@@ -938,9 +939,9 @@ __global__ void __launch_bounds__(block_threads)
 
 template <class Rule, class P, class G>
 __global__ void __launch_bounds__(block_threads)
-    columns_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkItem* items, const double* workspace) {
+    columns_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkUnit* items, const double* workspace) {
   using X = Math<Rule, P, G>;
-  const WorkItem it = items[blockIdx.x];
+  const WorkUnit it = items[blockIdx.x];
   if (tasks[it.task].grad == nullptr || steps[it.task].skip) return;
   const DeviceTask t = tasks[it.task];  // a copy: stores through float* cannot alias it
   const TaskStep st = steps[it.task];
@@ -949,10 +950,10 @@ __global__ void __launch_bounds__(block_threads)
 
 template <class Rule, class P, class G>
 __global__ void __launch_bounds__(block_threads)
-    shard_sums_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkItem* items,
+    shard_sums_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkUnit* items,
                       const double* workspace) {
   using X = Math<Rule, P, G>;
-  const WorkItem it = items[blockIdx.x];
+  const WorkUnit it = items[blockIdx.x];
   if (tasks[it.task].grad == nullptr || steps[it.task].skip) return;
   const DeviceTask t = tasks[it.task];
   if constexpr (X::S::factored) X::factored_shard_sums(t, it, workspace);
@@ -971,9 +972,9 @@ __global__ void __launch_bounds__(block_threads)
 
 template <class Rule, class P, class G>
 __global__ void __launch_bounds__(apply_threads, apply_min_blocks)
-    apply_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkItem* items) {
+    apply_kernel(const DeviceTask* tasks, const TaskStep* steps, const WorkUnit* items) {
   using X = Math<Rule, P, G>;
-  const WorkItem it = items[blockIdx.x];
+  const WorkUnit it = items[blockIdx.x];
   if (tasks[it.task].grad == nullptr || steps[it.task].skip) return;
   const DeviceTask t = tasks[it.task];  // a copy: stores through float* cannot alias it
   const TaskStep st = steps[it.task];

@@ -39,15 +39,15 @@ namespace skewadam::backend::cuda {
 
 /// The device arrays of one group's work lists, and its workspace.
 struct GroupArrays {
-  const WorkItem* units = nullptr;
+  const WorkUnit* units = nullptr;
   std::int32_t n_units = 0;
-  const WorkItem* columns = nullptr;
+  const WorkUnit* columns = nullptr;
   std::int32_t n_columns = 0;
-  const WorkItem* applies = nullptr;
+  const WorkUnit* applies = nullptr;
   std::int32_t n_applies = 0;
-  const WorkItem* shards = nullptr;
+  const WorkUnit* shards = nullptr;
   std::int32_t n_shards = 0;
-  const WorkItem* momentum = nullptr;
+  const WorkUnit* momentum = nullptr;
   std::int32_t n_momentum = 0;
   const std::int32_t* tasks = nullptr;
   std::int32_t n_tasks = 0;
@@ -60,7 +60,7 @@ struct GroupArrays {
 struct GroupLists {
   bool factored = false;
   bool stored = false;  ///< its rule stores momentum in fewer bits
-  std::vector<WorkItem> units, columns, applies, shards, momentum;
+  std::vector<WorkUnit> units, columns, applies, shards, momentum;
   std::vector<std::int32_t> tasks;
 
   /// Appends piece `task` (its DeviceTask d: geometry, row_blocks (the most
@@ -102,7 +102,7 @@ struct GroupLists {
       if (stored)
         for (index_t b = 0; b < g.batch; ++b)
           for (index_t q = 0; q * momentum_chunk_elems < g.matrix_size(); ++q)
-            momentum.push_back(WorkItem{e.task, b, q * momentum_chunk_elems,
+            momentum.push_back(WorkUnit{e.task, b, q * momentum_chunk_elems,
                                         std::min(g.matrix_size(), (q + 1) * momentum_chunk_elems), q, 0});
       if (factored) {
         const index_t nb = row_blocks(e);
@@ -114,11 +114,11 @@ struct GroupLists {
           const index_t base = workspace_;
           workspace_ += per_matrix;
           for (index_t q = 0; q < nb; ++q)
-            units.push_back(WorkItem{e.task, b, g.rows * q / nb, g.rows * (q + 1) / nb, q, base});
+            units.push_back(WorkUnit{e.task, b, g.rows * q / nb, g.rows * (q + 1) / nb, q, base});
           for (index_t q = 0; q < na; ++q)
-            applies.push_back(WorkItem{e.task, b, g.rows * q / na, g.rows * (q + 1) / na, q, 0});
+            applies.push_back(WorkUnit{e.task, b, g.rows * q / na, g.rows * (q + 1) / na, q, 0});
           for (index_t j = 0; j < g.cols; j += column_block) {
-            const WorkItem it{e.task, b, j, std::min(g.cols, j + column_block), nb, base};
+            const WorkUnit it{e.task, b, j, std::min(g.cols, j + column_block), nb, base};
             columns.push_back(it);
             if (e.cut) shards.push_back(it);
           }
@@ -127,7 +127,7 @@ struct GroupLists {
         const index_t size = g.matrix_size();
         for (index_t b = 0; b < g.batch; ++b)
           for (index_t q = 0; q < e.chunks; ++q) {
-            const WorkItem it{e.task, b, q * chunk_elems, std::min(size, (q + 1) * chunk_elems), b * e.chunks + q, 0};
+            const WorkUnit it{e.task, b, q * chunk_elems, std::min(size, (q + 1) * chunk_elems), b * e.chunks + q, 0};
             units.push_back(it);
             applies.push_back(it);
           }
@@ -138,11 +138,11 @@ struct GroupLists {
 
   /// units, columns, applies, shards, momentum: one array to upload. Throws
   /// when a pass would need more blocks than one launch has.
-  std::vector<WorkItem> concatenated() {
+  std::vector<WorkUnit> concatenated() {
     plan();
     if (units.size() + columns.size() + applies.size() + shards.size() + momentum.size() > 0x7fffffffu)
       throw std::invalid_argument("parameters: too many work items for one launch");
-    std::vector<WorkItem> all = units;
+    std::vector<WorkUnit> all = units;
     for (const auto* l : {&columns, &applies, &shards, &momentum}) all.insert(all.end(), l->begin(), l->end());
     return all;
   }
@@ -153,9 +153,9 @@ struct GroupLists {
   }
   /// Where the lists lie once `items` holds concatenated() and `ids` tasks;
   /// `workspace`: workspace_doubles() doubles of device memory.
-  GroupArrays arrays(const WorkItem* items, const std::int32_t* ids, double* workspace = nullptr) const {
+  GroupArrays arrays(const WorkUnit* items, const std::int32_t* ids, double* workspace = nullptr) const {
     const auto n = [](const auto& v) { return static_cast<std::int32_t>(v.size()); };
-    const WorkItem* at = items;
+    const WorkUnit* at = items;
     GroupArrays a;
     for (auto [list, first, count] : {std::tuple{&units, &a.units, &a.n_units}, {&columns, &a.columns, &a.n_columns},
                                       {&applies, &a.applies, &a.n_applies}, {&shards, &a.shards, &a.n_shards},

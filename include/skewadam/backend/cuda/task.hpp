@@ -2,7 +2,8 @@
 // The CUDA backend's task layout: what its kernels (kernels.cuh) are handed,
 // as plain data that host code includes too (passes.hpp cuts the work lists
 // from it): the launch shapes, one tensor's per-step values (TaskStep) and
-// device pointers (DeviceTask), its own scratch, and a block's work item.
+// device pointers (DeviceTask) and its own scratch. A block's work is a
+// WorkUnit (../work_unit.hpp).
 
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include "../../shape.hpp"
 #include "../../state_layout.hpp"
 #include "../../step_scalars.hpp"
+#include "../work_unit.hpp"
 
 namespace skewadam::backend::cuda {
 
@@ -89,7 +91,7 @@ struct DeviceTask {
   float* v = nullptr;
   float* v_row = nullptr;
   float* v_col = nullptr;
-  // scratch (the row blocks' column partials are the group's: WorkItem::scratch)
+  // scratch (the row blocks' column partials are the group's: WorkUnit::scratch)
   float* inv_col = nullptr;      ///< [B * c] 1 / col_j
   double* col_term = nullptr;    ///< [2 * B * c] sum_k D_kj / col_j^2, then floored rows' u^2
   unsigned* done = nullptr;      ///< [B + 1] finished column blocks per matrix, finished matrices (zero between steps)
@@ -133,21 +135,6 @@ inline void place_scratch(DeviceTask& d, bool factored, float* f, double* x, uns
     d.matrix_sum = x + B * static_cast<std::size_t>(d.chunks);
   }
 }
-
-/// A block's work: rows [begin, end) of matrix `matrix` (row block `block`),
-/// elements [begin, end) of matrix `matrix` (chunk `block`), or columns
-/// [begin, end) of matrix `matrix` (`block`: the matrix's row blocks).
-/// Factored statistics and columns items: `scratch` is where the matrix's
-/// row blocks' partials start in the group's workspace (doubles; row block
-/// k's c column sums at scratch + 2 k c, its c clip terms D_kj after them).
-struct WorkItem {
-  std::int32_t task = 0;
-  index_t matrix = 0;
-  index_t begin = 0;
-  index_t end = 0;
-  index_t block = 0;
-  index_t scratch = 0;
-};
 
 namespace detail {
 /// Blocks of ceil(rows / k) ... rows with k = target / cols rows each, at
