@@ -154,7 +154,7 @@ inline void append_units(const TensorTask& task, std::int32_t task_index, std::v
     for (index_t b = 0; b < g.batch; ++b)
       for (index_t k = 0; k < nb; ++k)
         units.push_back(WorkUnit{task_index, b, row_block_start(g.rows, k, nb, task.row_align),
-                             row_block_start(g.rows, k + 1, nb, task.row_align), k});
+                                 row_block_start(g.rows, k + 1, nb, task.row_align), k});
   } else {
     const index_t n = g.matrix_size();
     const index_t nc = task.chunks_per_matrix;

@@ -8,11 +8,11 @@
 // plain data. Work is cut by shape only (WorkUnit lists built when tensors
 // are registered), and one launch covers every tensor of a group (tensors
 // sharing a rule and dtypes), so a step is a handful of launches per group,
-// whatever the number of tensors. Every reduction has a fixed order (per-block partials
-// written to scratch, combined in index order; block sums by a fixed shuffle
-// tree): the same inputs give the same bits on every run. The only atomics
-// are counters that tell a matrix's last block to finish; they choose which
-// block forms a sum, never the order of its terms.
+// whatever the number of tensors. Every reduction has a fixed order
+// (per-block partials written to scratch, combined in index order; block sums
+// by a fixed shuffle tree): the same inputs give the same bits on every run.
+// The only atomics are counters that tell a matrix's last block to finish;
+// they choose which block forms a sum, never the order of its terms.
 //
 // Error bounds (non-negative terms, S the exact sum, u = 2^-24), none of
 // which grows with the length summed:
