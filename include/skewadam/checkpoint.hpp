@@ -53,6 +53,32 @@
 
 namespace skewadam {
 
+namespace detail::ckpt {
+/// A checkpoint records each tier's rule by name (rule_name.hpp).
+template <class Tiers>
+constexpr void require_rule_names() {
+  static_assert(named_tiers_v<Tiers>,
+                "skewadam checkpoints: every policy of a checkpointed rule needs a name; specialise "
+                "skewadam::policy_name<P> (see rule_name.hpp) for a custom policy");
+}
+/// The work of save_checkpoint() and checkpoint_bytes(), once per backend and
+/// placement whatever the tier rules.
+template <class Backend, class Placement>
+void save_file(const OptimizerBase<Backend, Placement>& opt, const std::filesystem::path& file,
+               const SaveOptions& options) {
+  save<AtomicFileSink>(
+      opt, options, [&](std::optional<AtomicFileSink>& target) { target.emplace(file); },
+      [](AtomicFileSink& sink) { sink.commit(); });
+}
+template <class Backend, class Placement>
+std::vector<std::byte> save_bytes(const OptimizerBase<Backend, Placement>& opt, const SaveOptions& options) {
+  std::vector<std::byte> out;
+  save<MemorySink>(
+      opt, options, [&](std::optional<MemorySink>& target) { target.emplace(out); }, [](MemorySink&) {});
+  return out;
+}
+}  // namespace detail::ckpt
+
 // ------------------------------------------------------------------ the API
 //
 // For every optimizer, whatever its backend and placement. Sharded, both are
@@ -68,10 +94,8 @@ namespace skewadam {
 template <class Tiers, class Backend, class Placement>
 void save_checkpoint(const Optimizer<Tiers, Backend, Placement>& opt, const std::filesystem::path& file,
                      const SaveOptions& options = {}) {
-  using detail::ckpt::AtomicFileSink;
-  detail::ckpt::save<Tiers, Backend, Placement, AtomicFileSink>(
-      opt, options, [&](std::optional<AtomicFileSink>& target) { target.emplace(file); },
-      [](AtomicFileSink& sink) { sink.commit(); });
+  detail::ckpt::require_rule_names<Tiers>();
+  detail::ckpt::save_file(opt, file, options);
 }
 
 /// The bytes save_checkpoint() would write (sharded: on rank 0; nothing on
@@ -79,11 +103,8 @@ void save_checkpoint(const Optimizer<Tiers, Backend, Placement>& opt, const std:
 template <class Tiers, class Backend, class Placement>
 std::vector<std::byte> checkpoint_bytes(const Optimizer<Tiers, Backend, Placement>& opt,
                                         const SaveOptions& options = {}) {
-  using detail::ckpt::MemorySink;
-  std::vector<std::byte> out;
-  detail::ckpt::save<Tiers, Backend, Placement, MemorySink>(
-      opt, options, [&](std::optional<MemorySink>& target) { target.emplace(out); }, [](MemorySink&) {});
-  return out;
+  detail::ckpt::require_rule_names<Tiers>();
+  return detail::ckpt::save_bytes(opt, options);
 }
 
 /// Loads `file` into `opt`, whose parameters must be those saved (by name,
@@ -91,6 +112,7 @@ std::vector<std::byte> checkpoint_bytes(const Optimizer<Tiers, Backend, Placemen
 template <class Tiers, class Backend, class Placement>
 void load_checkpoint(Optimizer<Tiers, Backend, Placement>& opt, const std::filesystem::path& file,
                      const LoadOptions& options = {}) {
+  detail::ckpt::require_rule_names<Tiers>();
   detail::ckpt::FileSource src(file);
   detail::ckpt::load(opt, src, options);
 }
@@ -99,6 +121,7 @@ void load_checkpoint(Optimizer<Tiers, Backend, Placement>& opt, const std::files
 template <class Tiers, class Backend, class Placement>
 void load_checkpoint(Optimizer<Tiers, Backend, Placement>& opt, std::span<const std::byte> bytes,
                      const LoadOptions& options = {}) {
+  detail::ckpt::require_rule_names<Tiers>();
   detail::ckpt::MemorySource src(bytes, "checkpoint in memory");
   detail::ckpt::load(opt, src, options);
 }

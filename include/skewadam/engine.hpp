@@ -1,6 +1,9 @@
 #pragma once
-// Engine<Tiers, Backend, Placement>: the step skeleton, written once for every
-// backend and placement, under the optimizer front-end (optimizer.hpp).
+// Engine<Backend, Placement>: the step skeleton, written once for every
+// backend and placement, under the optimizer front-end (optimizer.hpp). It
+// knows no rule: each tensor comes with its kernels, its state layout and
+// its update clipping (TensorRegistration), so one engine serves every tier
+// alias.
 //
 // The placement decides what of each tensor this process steps (its pieces,
 // backend/backend.hpp) and the exchanges between the passes; the backend
@@ -49,7 +52,6 @@
 #include "nonfinite.hpp"
 #include "optimizer_options.hpp"
 #include "param_state.hpp"
-#include "rule_dispatch.hpp"
 #include "step_scalars.hpp"
 
 namespace skewadam {
@@ -67,7 +69,7 @@ inline void check_array_sizes(const std::array<std::size_t, 4>& have, const Para
 }
 }  // namespace detail
 
-template <class Tiers, class Backend, class Placement>
+template <class Backend, class Placement>
 class Engine {
   static_assert(backend::Backend<Backend>,
                 "skewadam::Engine: the backend does not provide the members of backend::Backend (backend/backend.hpp)");
@@ -91,27 +93,21 @@ class Engine {
   void check_memory(std::string_view name, const ParamView& p, const GradView& g) const {
     backend_.check_memory(name, p, g);
   }
-  /// Allocates a tensor's state (its pieces') on the backend; strong guarantee.
-  void add(const TensorRegistration& spec) {
+  using kernels_type = typename Backend::kernels_type;
+
+  /// Allocates a tensor's state (its pieces') on the backend, with its
+  /// kernels: for a gradient of the parameter's dtype, and for an fp32 one
+  /// (Backend::kernels<Rule, P, G>()); strong guarantee.
+  void add(const TensorRegistration& spec, const std::array<kernels_type, 2>& kernels) {
     Tensor t;
     t.tier = spec.tier;
-    t.rank1 = spec.param.shape.rank() < 2;
     t.momentum = spec.layout.momentum;
-    t.clips = visit_rule<Tiers>(t.tier, t.rank1, []<class Rule>() { return Rule::clip::active; });
+    t.clip = spec.clip;
     t.split = placement_.split(spec.tier, spec.param.shape, spec.layout);
     t.pieces = t.split.pieces(placement_.rank());
     t.cut = t.split.factored && t.split.cuts_matrices();  // on every rank alike: the exchanges are collective
     t.clip_at = clip_count_;
     t.cut_at = cut_count_;
-    // the kernels of its rule and dtypes: for a gradient of the parameter's
-    // dtype, and for an fp32 one
-    const auto kernels = visit_rule<Tiers>(t.tier, t.rank1, [&]<class Rule>() {
-      auto of = [&](Dtype g) {
-        return visit_dtypes(spec.param.dtype, g,
-                            []<class P, class G>() { return Backend::template kernels<Rule, P, G>(); });
-      };
-      return std::array<typename Backend::kernels_type, 2>{of(spec.param.dtype), of(Dtype::f32)};
-    });
     try {
       tensors_.reserve(tensors_.size() + 1);
       [[maybe_unused]] const auto on = backend_.on_device();
@@ -288,10 +284,9 @@ class Engine {
  private:
   struct Tensor {
     Tier tier = Tier::backbone;
-    bool rank1 = false;
     bool momentum = false;
-    bool clips = false;  ///< its rule clips the update
-    bool cut = false;    ///< factored and cut between processes
+    UpdateClip clip{};  ///< its rule's update clipping
+    bool cut = false;   ///< factored and cut between processes
     dist::TensorSplit split;
     std::vector<dist::Piece> pieces;  ///< this process's, one per matrix
     index_t clip_at = 0;              ///< its first matrix in clip_sums() and divisors()
@@ -384,7 +379,7 @@ class Engine {
     wire_.clear();
     for (std::size_t i : stepped_) {
       const Tensor& t = tensors_[i];
-      if (!t.clips || !exchanged(t)) continue;
+      if (!t.clip.active || !exchanged(t)) continue;
       const std::size_t base = wire_.size();
       wire_.resize(base + static_cast<std::size_t>(t.split.geom.batch), 0.0);
       for (std::size_t q = 0; q < t.pieces.size(); ++q)
@@ -394,7 +389,7 @@ class Engine {
     std::size_t at = 0;
     for (std::size_t i : stepped_) {
       const Tensor& t = tensors_[i];
-      if (!t.clips) continue;
+      if (!t.clip.active) continue;
       const MatrixGeometry& g = t.split.geom;
       matrix_sums_.assign(static_cast<std::size_t>(g.batch), 0.0);
       if (exchanged(t)) {
@@ -405,9 +400,7 @@ class Engine {
           matrix_sums_[static_cast<std::size_t>(t.pieces[q].matrix)] = sums[static_cast<std::size_t>(t.clip_at) + q];
       }
       const StepScalars s = make_step_scalars(settings_.hyper[tier_index(t.tier)], 1);
-      const auto divisor = [&](double sum, index_t count) {
-        return visit_rule<Tiers>(t.tier, t.rank1, [&]<class Rule>() { return Rule::clip::divisor(sum, count, s); });
-      };
+      const auto divisor = [&](double sum, index_t count) { return t.clip.divisor(sum, count, s); };
       float whole = 1.0f;
       if (!per_matrix(t)) {
         double total = 0;

@@ -8,17 +8,28 @@
 #include "config.hpp"
 #include "hyperparameters.hpp"
 #include "state_layout.hpp"
+#include "step_scalars.hpp"
 #include "tensor_view.hpp"
 #include "tier.hpp"
 
 namespace skewadam {
 
-/// A tensor being registered: already checked by the front-end.
+/// A rule's update clipping, as the engine needs it (it forms the clip
+/// divisors from the sums of u^2): whether the rule clips, and its
+/// Clip::divisor.
+struct UpdateClip {
+  bool active = false;
+  float (*divisor)(double sum_u2, index_t count, const StepScalars& s) = nullptr;
+};
+
+/// A tensor being registered: already checked by the front-end, with what
+/// its rule keeps (layout) and how it clips.
 struct TensorRegistration {
   index_t index = 0;  ///< its position (ParamId)
   Tier tier = Tier::backbone;
   StateLayout layout{};
   ParamView param;
+  UpdateClip clip{};
 };
 
 /// One tensor of a step (or of a gradient-norm sum). Its scalars and

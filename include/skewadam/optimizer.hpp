@@ -32,8 +32,13 @@
 // called. On a backend with graphs (CUDA), capture_step() records a step
 // that replay() runs again, each replay a counted step.
 //
+// Only registering a parameter depends on the rules (it picks the
+// parameter's kernels): every other member is OptimizerBase<Backend,
+// Placement>'s, which reads the tiers' layouts, rule names and clipping from
+// a TierTable (tier_table.hpp) and is compiled once for every alias.
+//
 // Where the state lives and how a step runs is the engine's business
-// (engine.hpp): Engine<Tiers, Backend, Placement>, the step skeleton over a
+// (engine.hpp): Engine<Backend, Placement>, the step skeleton over a
 // backend (backend/backend.hpp: the CPU backend, or with skewadam/cuda.cuh
 // the CUDA backend) and a placement: Local (placement/local.hpp) holds
 // everything in this process, dist::Sharded<Comm> (placement/sharded.hpp,
@@ -76,6 +81,7 @@
 #include "tier.hpp"
 #include "tier_rules.hpp"
 #include "tier_settings.hpp"
+#include "tier_table.hpp"
 
 namespace skewadam {
 
@@ -93,13 +99,17 @@ struct graph_of<B> {
 };
 }  // namespace detail
 
-template <class Tiers = SkewAdamTiers, class Backend = backend::DefaultBackend, class Placement = Local>
-class Optimizer : public TierSettings {
+/// Everything of an optimizer but which rule each tier follows, which it
+/// reads from a TierTable (tier_table.hpp): the front-end of every TierRules
+/// alias of one backend and placement, compiled once for all of them.
+/// Optimizer<Tiers, Backend, Placement> (below) is the class to use; its
+/// functions that serve any alias (checkpoints, adapters) take this base.
+template <class Backend, class Placement>
+class OptimizerBase : public TierSettings {
  public:
-  using tiers = Tiers;
   using backend_type = Backend;
   using placement_type = Placement;
-  using engine_type = Engine<Tiers, Backend, Placement>;
+  using engine_type = Engine<Backend, Placement>;
   using communicator_type = typename Placement::communicator_type;
   using Schedule = TierSettings::Schedule;
   static constexpr bool sharded = Placement::sharded;
@@ -109,65 +119,29 @@ class Optimizer : public TierSettings {
   /// A step captured by capture_step() (graphs; else an empty type).
   using StepGraph = typename detail::graph_of<Backend>::type;
 
-  // ------------------------------------------------------------ construction
-  Optimizer() requires(!sharded) : Optimizer(Hyperparameters{}) {}
-  explicit Optimizer(const Hyperparameters& all, OptimizerOptions options = {}) requires(!sharded)
-      : Optimizer(PerTier<Hyperparameters>{all, all, all}, options) {}
-  explicit Optimizer(const PerTier<Hyperparameters>& per_tier, OptimizerOptions options = {}) requires(!sharded)
-      : TierSettings(per_tier), engine_(options), seed_(options.seed),
+ protected:
+  /// A tensor's kernels (Engine::add): for a gradient of its parameter's
+  /// dtype, and for an fp32 one; picked by the derived class from its tier,
+  /// whether it is rank-1, and its parameter's dtype.
+  using kernel_pair = std::array<typename Backend::kernels_type, 2>;
+  using KernelPicker = kernel_pair (*)(Tier tier, bool rank1, Dtype param);
+
+  OptimizerBase(const TierTable& table, const PerTier<Hyperparameters>& per_tier, const OptimizerOptions& options)
+    requires(!sharded)
+      : TierSettings(per_tier), table_(&table), engine_(options), seed_(options.seed),
+        nonfinite_(detail::checked_policy(options.nonfinite)),
+        max_grad_norm_(detail::checked_max_grad_norm(options.max_grad_norm)) {}
+  OptimizerBase(const TierTable& table, communicator_type& comm, const PerTier<Hyperparameters>& per_tier,
+                const OptimizerOptions& options, typename Placement::options_type shard) requires sharded
+      : TierSettings(per_tier), table_(&table), engine_(comm, options, shard), seed_(options.seed),
         nonfinite_(detail::checked_policy(options.nonfinite)),
         max_grad_norm_(detail::checked_max_grad_norm(options.max_grad_norm)) {}
 
-  /// A sharded optimizer over the ranks of `comm` (which must outlive it).
-  Optimizer(communicator_type& comm, const Hyperparameters& all, OptimizerOptions options = {},
-            typename Placement::options_type shard = {}) requires sharded
-      : Optimizer(comm, PerTier<Hyperparameters>{all, all, all}, options, shard) {}
-  Optimizer(communicator_type& comm, const PerTier<Hyperparameters>& per_tier, OptimizerOptions options = {},
-            typename Placement::options_type shard = {}) requires sharded
-      : TierSettings(per_tier), engine_(comm, options, shard), seed_(options.seed),
-        nonfinite_(detail::checked_policy(options.nonfinite)),
-        max_grad_norm_(detail::checked_max_grad_norm(options.max_grad_norm)) {}
+ public:
+  /// What tier t's rule keeps and is called (tier_table.hpp).
+  const TierFacts& tier_facts(Tier t) const { return (*table_)[t]; }
 
   // ------------------------------------------------------------ parameters
-  /// Registers a parameter (once) under a tier; allocates its state. Sharded:
-  /// every rank registers the same list (names, tiers, shapes, order) with
-  /// views of full-size buffers, and keeps the state of its share.
-  ParamId add(std::string_view name, Tier tier, ParamView param, GradView grad = {}) {
-    if (name.empty()) throw std::invalid_argument("name: a parameter name must not be empty");
-    if (index_.count(std::string(name)))
-      throw std::invalid_argument("name: parameter '" + std::string(name) + "' is already registered");
-    checked_tier(tier, "tier of '" + std::string(name) + "'");
-    detail::check_param(name, param);
-    detail::check_grad(name, param, grad);
-    engine_.check_memory(name, param, grad);
-    check_disjoint(name, param, grad);
-
-    const ParamId id{static_cast<index_t>(entries_.size())};
-    Entry e;
-    e.name = std::string(name);
-    e.tier = tier;
-    e.param = param;
-    e.grad = grad;
-    e.id = tensor_id(name);
-    engine_.add(TensorRegistration{id.index, tier, Tiers::layout(tier), param});
-    try {
-      entries_.push_back(std::move(e));
-      index_.emplace(entries_.back().name, id.index);
-      const auto [lo, hi] = byte_range(param.data, param.numel(), param.dtype);
-      if (lo != hi) memory_.emplace(lo, std::pair{hi, id.index});
-    } catch (...) {
-      index_.erase(std::string(name));
-      if (entries_.size() > static_cast<std::size_t>(id.index)) entries_.pop_back();
-      engine_.pop_back();
-      throw;
-    }
-    return id;
-  }
-
-  ParamId add(std::string_view name, std::string_view tier, ParamView param, GradView grad = {}) {
-    return add(name, parse_tier(tier, "tier of '" + std::string(name) + "'"), param, grad);
-  }
-
   /// Sets the gradient used by the next step(s). A default GradView clears it.
   void set_grad(ParamId id, GradView grad) {
     Entry& e = entry(id);
@@ -254,7 +228,7 @@ class Optimizer : public TierSettings {
   /// keeps as it comes, so that no more than one complete tensor is held
   /// beside the staged state. Nothing changes until finish_import().
   class StateImport {
-    friend class Optimizer;
+    friend class OptimizerBase;
     typename engine_type::staged_type staged;
     std::vector<std::int64_t> steps;
     std::vector<std::uint32_t> streams;
@@ -628,6 +602,44 @@ class Optimizer : public TierSettings {
   /// gradients are not included.
   index_t last_step_exchange_bytes() const noexcept requires sharded { return engine_.last_exchange_bytes(); }
 
+ protected:
+  /// add(): registers the parameter with the kernels `pick` gives it, once
+  /// every argument is checked.
+  ParamId add_param(std::string_view name, Tier tier, const ParamView& param, const GradView& grad,
+                    KernelPicker pick) {
+    if (name.empty()) throw std::invalid_argument("name: a parameter name must not be empty");
+    if (index_.count(std::string(name)))
+      throw std::invalid_argument("name: parameter '" + std::string(name) + "' is already registered");
+    checked_tier(tier, "tier of '" + std::string(name) + "'");
+    detail::check_param(name, param);
+    detail::check_grad(name, param, grad);
+    engine_.check_memory(name, param, grad);
+    check_disjoint(name, param, grad);
+
+    const ParamId id{static_cast<index_t>(entries_.size())};
+    Entry e;
+    e.name = std::string(name);
+    e.tier = tier;
+    e.param = param;
+    e.grad = grad;
+    e.id = tensor_id(name);
+    const TierFacts& facts = tier_facts(tier);
+    engine_.add(TensorRegistration{id.index, tier, facts.layout, param, facts.clip},
+                pick(tier, param.shape.rank() < 2, param.dtype));
+    try {
+      entries_.push_back(std::move(e));
+      index_.emplace(entries_.back().name, id.index);
+      const auto [lo, hi] = byte_range(param.data, param.numel(), param.dtype);
+      if (lo != hi) memory_.emplace(lo, std::pair{hi, id.index});
+    } catch (...) {
+      index_.erase(std::string(name));
+      if (entries_.size() > static_cast<std::size_t>(id.index)) entries_.pop_back();
+      engine_.pop_back();
+      throw;
+    }
+    return id;
+  }
+
  private:
   struct Entry {
     std::string name;
@@ -721,7 +733,7 @@ class Optimizer : public TierSettings {
       throw std::invalid_argument("param id " + std::to_string(id.index) + ": no such parameter");
     return entries_[static_cast<std::size_t>(id.index)];
   }
-  const Entry& entry(ParamId id) const { return const_cast<Optimizer*>(this)->entry(id); }
+  const Entry& entry(ParamId id) const { return const_cast<OptimizerBase*>(this)->entry(id); }
 
   /// Bytes [lo, hi) of a contiguous view.
   static std::pair<std::uintptr_t, std::uintptr_t> byte_range(const void* data, index_t numel, Dtype dtype) {
@@ -760,6 +772,7 @@ class Optimizer : public TierSettings {
                                   entries_[static_cast<std::size_t>(*other)].name + "'");
   }
 
+  const TierTable* table_;
   engine_type engine_;
   std::vector<Entry> entries_;
   std::unordered_map<std::string, index_t> index_;
@@ -785,6 +798,75 @@ class Optimizer : public TierSettings {
   bool open_pending_ = false;                ///< the last tensor's verdict is still with the engine
   std::optional<NonFiniteGradient> open_first_;
   index_t open_skipped_ = 0;
+};
+
+/// The optimizer: OptimizerBase (every member above) with the rules Tiers
+/// gives each tier. Registering a parameter picks its kernels, which is
+/// what depends on Tiers; the rest is the base's, shared by every alias.
+template <class Tiers = SkewAdamTiers, class Backend = backend::DefaultBackend, class Placement = Local>
+class Optimizer : public OptimizerBase<Backend, Placement> {
+  using Base = OptimizerBase<Backend, Placement>;
+  using typename Base::kernel_pair;
+
+ public:
+  using tiers = Tiers;
+  using typename Base::communicator_type;
+  static constexpr bool sharded = Base::sharded;
+
+  // ------------------------------------------------------------ construction
+  Optimizer() requires(!sharded) : Optimizer(Hyperparameters{}) {}
+  explicit Optimizer(const Hyperparameters& all, OptimizerOptions options = {}) requires(!sharded)
+      : Optimizer(PerTier<Hyperparameters>{all, all, all}, options) {}
+  explicit Optimizer(const PerTier<Hyperparameters>& per_tier, OptimizerOptions options = {}) requires(!sharded)
+      : Base(TierTable::of<Tiers>(), per_tier, options) {}
+
+  /// A sharded optimizer over the ranks of `comm` (which must outlive it).
+  Optimizer(communicator_type& comm, const Hyperparameters& all, OptimizerOptions options = {},
+            typename Placement::options_type shard = {}) requires sharded
+      : Optimizer(comm, PerTier<Hyperparameters>{all, all, all}, options, shard) {}
+  Optimizer(communicator_type& comm, const PerTier<Hyperparameters>& per_tier, OptimizerOptions options = {},
+            typename Placement::options_type shard = {}) requires sharded
+      : Base(TierTable::of<Tiers>(), comm, per_tier, options, shard) {}
+
+  // ------------------------------------------------------------ parameters
+  /// Registers a parameter (once) under a tier; allocates its state. Sharded:
+  /// every rank registers the same list (names, tiers, shapes, order) with
+  /// views of full-size buffers, and keeps the state of its share.
+  ///
+  /// Typed views (TensorView<P>, and a gradient of P or float) compile the
+  /// kernels of P alone; ParamView and GradView, whose dtype is known at run
+  /// time, compile every dtype's. (A gradient of another type is refused at
+  /// run time, as with GradView.)
+  template <class P, class G = const P>
+  ParamId add(std::string_view name, Tier tier, TensorView<P> param, TensorView<G> grad = {}) {
+    static_assert(!std::is_const_v<P>, "skewadam: a parameter's view must be mutable (TensorView<T>, not <const T>)");
+    return this->add_param(name, tier, ParamView(param), GradView(grad), &kernels_of<P>);
+  }
+  template <class P, class G = const P>
+  ParamId add(std::string_view name, std::string_view tier, TensorView<P> param, TensorView<G> grad = {}) {
+    return add(name, parse_tier(tier, "tier of '" + std::string(name) + "'"), param, grad);
+  }
+  ParamId add(std::string_view name, Tier tier, ParamView param, GradView grad = {}) {
+    return this->add_param(name, tier, param, grad, &kernels_of_dtype);
+  }
+  ParamId add(std::string_view name, std::string_view tier, ParamView param, GradView grad = {}) {
+    return add(name, parse_tier(tier, "tier of '" + std::string(name) + "'"), param, grad);
+  }
+
+ private:
+  /// The kernels of tier t's rule (its rank-1 rule for a vector) for
+  /// parameters of element type P: only what is named here is compiled, so a
+  /// caller that knows P pays for P's kernels alone.
+  template <class P>
+  static kernel_pair kernels_of(Tier tier, bool rank1, Dtype) {
+    return visit_rule<Tiers>(tier, rank1, []<class Rule>() {
+      return kernel_pair{Backend::template kernels<Rule, P, P>(), Backend::template kernels<Rule, P, float>()};
+    });
+  }
+  /// The same for a dtype known at run time: every dtype's kernels.
+  static kernel_pair kernels_of_dtype(Tier tier, bool rank1, Dtype param) {
+    return visit_dtype(param, [&]<class P>() { return kernels_of<P>(tier, rank1, param); });
+  }
 };
 
 // ----------------------------------------------------------------- variants

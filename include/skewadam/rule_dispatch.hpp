@@ -1,11 +1,14 @@
 #pragma once
 // From run-time facts about a tensor to the compile-time types its kernels are
 // instantiated on: the rule its tier follows, its parameter and gradient
-// dtypes. Every backend picks its kernels through these two functions.
+// dtypes. The engine picks every backend's kernels through these functions.
 //
 //   const Table* k = visit_rule<Tiers>(tier, rank1, [&]<class Rule>() {
 //     return visit_dtypes(param_dtype, grad_dtype, []<class P, class G>() { return table<Rule, P, G>(); });
 //   });
+//
+// Each visit instantiates its callable for every alternative: a caller that
+// knows a type at compile time passes it instead of visiting.
 
 #include <type_traits>
 #include <utility>
@@ -31,6 +34,17 @@ decltype(auto) visit_rule(Tier t, bool rank1, F&& f) {
     case Tier::backbone: break;
   }
   return with.template operator()<typename Tiers::backbone>();
+}
+
+/// Calls f.template operator()<T>() with the element type of dtype d.
+template <class F>
+decltype(auto) visit_dtype(Dtype d, F&& f) {
+  switch (d) {
+    case Dtype::bf16: return f.template operator()<bf16>();
+    case Dtype::f16: return f.template operator()<f16>();
+    case Dtype::f32: break;
+  }
+  return f.template operator()<float>();
 }
 
 /// Calls f.template operator()<P, G>() with the element types of a parameter

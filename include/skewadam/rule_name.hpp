@@ -64,6 +64,15 @@ struct policy_name<StochasticRounding> {
   static constexpr std::string_view value = "StochasticRounding16";
 };
 
+/// Whether every policy of Rule has a name (rule_name<Rule>() compiles).
+template <class Rule>
+inline constexpr bool named_rule_v = NamedPolicy<typename Rule::momentum> && NamedPolicy<typename Rule::second_moment> &&
+                                     NamedPolicy<typename Rule::clip> && NamedPolicy<typename Rule::rounding>;
+/// Whether every rule of a TierRules alias has a name.
+template <class Tiers>
+inline constexpr bool named_tiers_v =
+    named_rule_v<typename Tiers::backbone> && named_rule_v<typename Tiers::experts> && named_rule_v<typename Tiers::router>;
+
 /// "UpdateRule<Momentum, SecondMoment, Clip, Rounding>" with each policy's name.
 template <class Rule>
 std::string rule_name() {

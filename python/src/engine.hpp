@@ -1,7 +1,8 @@
 #pragma once
 // The compiled half of the Python package: one Engine per variant, over the
 // LibTorch adapter (skewadam/torch/optimizer.hpp), which owns the library's
-// optimizer for CPU or CUDA tensors. The Python half (skewadam/optim.py)
+// optimizer for CPU or CUDA tensors. The variants share their methods
+// (EngineBase, over the adapter's OptimizerBase), compiled and bound once. The Python half (skewadam/optim.py)
 // keeps torch's param groups and hands each step their hyperparameters.
 //
 // Everything that crosses into Python is plain: names, tier and policy
@@ -13,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -87,15 +89,12 @@ inline std::vector<float> floats_of(const py::object& o, const std::string& who)
   return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
 }
 
-template <class Tiers>
-class Engine {
+/// What every variant's engine does, over the adapter's OptimizerBase: bound
+/// once (as the Python class Engine), each variant's class (Engine<Tiers>)
+/// adding its constructor alone.
+class EngineBase {
  public:
-  using Adapter = libtorch::Optimizer<Tiers>;
-
-  Engine(const std::vector<std::pair<std::string, at::Tensor>>& named,
-         const std::vector<std::pair<std::string, std::string>>& tier_rules, const std::vector<HyperTuple>& hyper,
-         double max_grad_norm, const std::string& nonfinite, std::uint64_t seed, int threads)
-      : opt_(named, options(tier_rules, hyper, max_grad_norm, nonfinite, seed, threads)) {}
+  virtual ~EngineBase() = default;
 
   /// One step with these hyperparameters (the param groups' now).
   void step(const std::vector<HyperTuple>& hyper) {
@@ -133,7 +132,7 @@ class Engine {
   /// {tier: the name of its rule}, as checkpoints record it.
   std::unordered_map<std::string, std::string> rules() const {
     std::unordered_map<std::string, std::string> r;
-    for (Tier t : all_tiers) r.emplace(std::string(tier_name(t)), tier_rule_name<Tiers>(t));
+    for (Tier t : all_tiers) r.emplace(std::string(tier_name(t)), opt_.tier_facts(t).rule);
     return r;
   }
 
@@ -174,7 +173,7 @@ class Engine {
     for (std::size_t i = 0; i < s.params.size(); ++i) {
       const auto& p = s.params[i];
       const libtorch::detail::StateShapes shapes =
-          libtorch::detail::state_shapes(opt_.shape(names[i]), Tiers::layout(opt_.tier(names[i])));
+          libtorch::detail::state_shapes(opt_.shape(names[i]), opt_.tier_facts(opt_.tier(names[i])).layout);
       py::dict d;
       d["name"] = names[i];
       d["step"] = p.state.step;
@@ -247,13 +246,10 @@ class Engine {
     return out;
   }
 
- private:
-  /// The param groups' hyperparameters (checked) as the adapter's groups'.
-  void set_hyperparameters(const std::vector<HyperTuple>& hyper) {
-    const PerTier<Hyperparameters> h = per_tier_of(hyper);
-    for (Tier t : all_tiers) opt_.group_options(t).hyperparameters() = h[t];
-  }
+ protected:
+  explicit EngineBase(std::unique_ptr<libtorch::OptimizerBase> opt) : owned_(std::move(opt)), opt_(*owned_) {}
 
+  /// The adapter's options from what Python passes.
   static libtorch::Options options(const std::vector<std::pair<std::string, std::string>>& tier_rules,
                                    const std::vector<HyperTuple>& hyper, double max_grad_norm,
                                    const std::string& nonfinite, std::uint64_t seed, int threads) {
@@ -272,38 +268,41 @@ class Engine {
     return o;
   }
 
-  Adapter opt_;
+ private:
+  /// The param groups' hyperparameters (checked) as the adapter's groups'.
+  void set_hyperparameters(const std::vector<HyperTuple>& hyper) {
+    const PerTier<Hyperparameters> h = per_tier_of(hyper);
+    for (Tier t : all_tiers) opt_.group_options(t).hyperparameters() = h[t];
+  }
+
+  std::unique_ptr<libtorch::OptimizerBase> owned_;
+  libtorch::OptimizerBase& opt_;
 };
 
-/// Binds Engine<Tiers> as the Python class `name` of module m.
+/// The engine of one variant: the adapter of Tiers.
+template <class Tiers>
+class Engine : public EngineBase {
+ public:
+  Engine(const std::vector<std::pair<std::string, at::Tensor>>& named,
+         const std::vector<std::pair<std::string, std::string>>& tier_rules, const std::vector<HyperTuple>& hyper,
+         double max_grad_norm, const std::string& nonfinite, std::uint64_t seed, int threads)
+      : EngineBase(std::make_unique<libtorch::Optimizer<Tiers>>(
+            named, options(tier_rules, hyper, max_grad_norm, nonfinite, seed, threads))) {}
+};
+
+/// Binds EngineBase, once, as the Python class Engine of module m.
+void bind_engine_base(py::module_& m);
+
+/// Binds Engine<Tiers> as the Python class `name` of module m: its
+/// constructor; the methods are Engine's (bind_engine_base).
 template <class Tiers>
 void bind_engine(py::module_& m, const char* name) {
-  using E = Engine<Tiers>;
-  py::class_<E>(m, name)
+  py::class_<Engine<Tiers>, EngineBase>(m, name)
       .def(py::init<const std::vector<std::pair<std::string, at::Tensor>>&,
                     const std::vector<std::pair<std::string, std::string>>&, const std::vector<HyperTuple>&, double,
                     const std::string&, std::uint64_t, int>(),
            py::arg("named_parameters"), py::arg("tier_rules"), py::arg("hyper"), py::arg("max_grad_norm"),
-           py::arg("nonfinite"), py::arg("seed"), py::arg("threads"))
-      .def("step", &E::step, py::arg("hyper"))
-      .def("step_parameter", &E::step_parameter, py::arg("name"), py::arg("hyper"))
-      .def("step_open", &E::step_open)
-      .def("last_step", &E::last_step)
-      .def("names", &E::names)
-      .def("tier", &E::tier, py::arg("name"))
-      .def("steps", &E::steps)
-      .def("seed", &E::seed)
-      .def("device", &E::device)
-      .def("state_bytes", &E::state_bytes)
-      .def("tier_state_bytes", &E::tier_state_bytes, py::arg("tier"))
-      .def("rules", &E::rules)
-      .def("param_state", &E::param_state, py::arg("name"))
-      .def("momentum", &E::momentum, py::arg("name"))
-      .def("export_state", &E::export_state)
-      .def("import_state", &E::import_state, py::arg("steps"), py::arg("seed"), py::arg("hyper"), py::arg("params"))
-      .def("save_checkpoint", &E::save_checkpoint, py::arg("path"), py::arg("hyper"), py::arg("include_params"))
-      .def("load_checkpoint", &E::load_checkpoint, py::arg("path"))
-      .def("hyperparameters", &E::hyperparameters);
+           py::arg("nonfinite"), py::arg("seed"), py::arg("threads"));
 }
 
 }  // namespace skewadam::python

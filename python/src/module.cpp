@@ -1,8 +1,9 @@
-// The Python module skewadam._skewadam: the engines of every variant (bound
-// in two translation units, so that they compile side by side) and what the
-// Python half needs to know about this build.
+// The Python module skewadam._skewadam: the engines of every variant and what
+// the Python half needs to know about this build. One translation unit: the
+// variants share their methods (EngineBase, engine.hpp), so the torch headers
+// are parsed once and the adapter compiled once.
 
-#include <torch/extension.h>
+#include "engine.hpp"
 
 #include <string>
 
@@ -11,12 +12,55 @@
 #include <skewadam/version.hpp>
 
 namespace skewadam::python {
-void bind_paper_variants(pybind11::module_& m);
-void bind_baselines(pybind11::module_& m);
+
+void bind_engine_base(py::module_& m) {
+  using E = EngineBase;
+  py::class_<E>(m, "Engine")
+      .def("step", &E::step, py::arg("hyper"))
+      .def("step_parameter", &E::step_parameter, py::arg("name"), py::arg("hyper"))
+      .def("step_open", &E::step_open)
+      .def("last_step", &E::last_step)
+      .def("names", &E::names)
+      .def("tier", &E::tier, py::arg("name"))
+      .def("steps", &E::steps)
+      .def("seed", &E::seed)
+      .def("device", &E::device)
+      .def("state_bytes", &E::state_bytes)
+      .def("tier_state_bytes", &E::tier_state_bytes, py::arg("tier"))
+      .def("rules", &E::rules)
+      .def("param_state", &E::param_state, py::arg("name"))
+      .def("momentum", &E::momentum, py::arg("name"))
+      .def("export_state", &E::export_state)
+      .def("import_state", &E::import_state, py::arg("steps"), py::arg("seed"), py::arg("hyper"), py::arg("params"))
+      .def("save_checkpoint", &E::save_checkpoint, py::arg("path"), py::arg("hyper"), py::arg("include_params"))
+      .def("load_checkpoint", &E::load_checkpoint, py::arg("path"))
+      .def("hyperparameters", &E::hyperparameters);
+}
+
+/// SkewAdam, with its backbone momentum in fp32, bf16 or 8 bits, and the
+/// paper's ablations of it.
+void bind_paper_variants(py::module_& m) {
+  bind_engine<SkewAdamTiers>(m, "SkewAdamEngine");
+  bind_engine<SkewAdamBf16Tiers>(m, "SkewAdamBf16MomentumEngine");
+  bind_engine<SkewAdam8bitTiers>(m, "SkewAdam8bitEngine");
+  bind_engine<ExpertMomentumTiers>(m, "ExpertMomentumAblationEngine");
+  bind_engine<FactoredRouterTiers>(m, "FactoredRouterAblationEngine");
+  bind_engine<ExactExpertsTiers>(m, "ExactExpertsAblationEngine");
+}
+
+/// The uniform ablation and the baselines: Adafactor-like and AdamW.
+void bind_baselines(py::module_& m) {
+  bind_engine<UniformTiers>(m, "UniformAblationEngine");
+  bind_engine<AdafactorTiers>(m, "AdafactorLikeEngine");
+  bind_engine<AdamWTiers>(m, "AdamWEngine");
+}
+
 }  // namespace skewadam::python
 
 PYBIND11_MODULE(_skewadam, m) {
   m.doc() = "skewadam's compiled engines (use the classes of the skewadam package)";
+  // (before the variants, whose classes derive from it)
+  skewadam::python::bind_engine_base(m);
   skewadam::python::bind_paper_variants(m);
   skewadam::python::bind_baselines(m);
   pybind11::register_exception<skewadam::NonFiniteGradientError>(m, "NonFiniteGradientError", PyExc_RuntimeError);

@@ -188,9 +188,9 @@ void walk(Source& src, CheckpointInfo& info, OnOptimizer&& on_optimizer, OnParam
 /// arrays are read and handed to the optimizer's import as they come
 /// (Optimizer::import_param), so that a sharded optimizer keeps only its share
 /// and never holds more than one complete tensor besides.
-template <class Tiers, class Backend, class Placement, class Source>
-void load(Optimizer<Tiers, Backend, Placement>& opt, Source& src, const LoadOptions& options) {
-  using Opt = Optimizer<Tiers, Backend, Placement>;
+template <class Backend, class Placement, class Source>
+void load(OptimizerBase<Backend, Placement>& opt, Source& src, const LoadOptions& options) {
+  using Opt = OptimizerBase<Backend, Placement>;
   const std::string& where = src.where();
   const auto n = static_cast<std::size_t>(opt.size());
   std::vector<std::string> problems;
@@ -223,8 +223,8 @@ void load(Optimizer<Tiers, Backend, Placement>& opt, Source& src, const LoadOpti
         if (load_values) values.resize(n);
         for (Tier t : all_tiers) {
           const auto i = static_cast<std::size_t>(tier_index(t));
-          const std::string mine = tier_rule_name<Tiers>(t);
-          rule_ok[i] = same_saved_rule(c.tiers[i].rule, mine) && c.tiers[i].layout == Tiers::layout(t);
+          const std::string mine = opt.tier_facts(t).rule;
+          rule_ok[i] = same_saved_rule(c.tiers[i].rule, mine) && c.tiers[i].layout == opt.tier_facts(t).layout;
           if (!rule_ok[i])
             problems.push_back("tier " + c.tiers[i].name + ": rule " + c.tiers[i].rule +
                                " in the checkpoint, " + mine + " in this optimizer");
@@ -255,7 +255,7 @@ void load(Optimizer<Tiers, Backend, Placement>& opt, Source& src, const LoadOpti
           problems.push_back("'" + p.name + "': shape " + p.shape.str() + " in the checkpoint, " + pv.shape.str() +
                              " registered");
         if (problems.size() != before || !rule_ok[static_cast<std::size_t>(tier_index(tier))]) return dst;
-        const std::vector<CheckpointInfo::Array> want = state_arrays(Tiers::layout(tier), pv.shape);
+        const std::vector<CheckpointInfo::Array> want = state_arrays(opt.tier_facts(tier).layout, pv.shape);
         if (!same_arrays(p.arrays, want)) {
           problems.push_back("'" + p.name + "': state arrays " + arrays_text(p.arrays) + " in the checkpoint, " +
                              arrays_text(want) + " kept by this optimizer");

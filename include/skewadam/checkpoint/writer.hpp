@@ -115,8 +115,8 @@ inline ParamStateView arrays_of(const ParamState& s) noexcept { return {s.m, s.v
 /// Streams `opt`'s state into `sink`: `fetch(id)` gives parameter id's
 /// complete state arrays (a ParamStateView, or a ParamState it owns), one
 /// parameter at a time.
-template <class Tiers, class Backend, class Placement, class Sink, class Fetch>
-void save_with(const Optimizer<Tiers, Backend, Placement>& opt, Sink& sink, const SaveOptions& options,
+template <class Backend, class Placement, class Sink, class Fetch>
+void save_with(const OptimizerBase<Backend, Placement>& opt, Sink& sink, const SaveOptions& options,
                Fetch&& fetch) {
   opt.check_no_open_step("save_checkpoint");
   CheckpointInfo info;
@@ -125,8 +125,8 @@ void save_with(const Optimizer<Tiers, Backend, Placement>& opt, Sink& sink, cons
   for (Tier t : all_tiers) {
     auto& ti = info.tiers[static_cast<std::size_t>(tier_index(t))];
     ti.name = std::string(tier_name(t));
-    ti.rule = tier_rule_name<Tiers>(t);
-    ti.layout = Tiers::layout(t);
+    ti.rule = opt.tier_facts(t).rule;
+    ti.layout = opt.tier_facts(t).layout;
     ti.hyperparameters = opt.hyperparameters(t);
   }
   info.metadata = options.metadata;
@@ -146,7 +146,7 @@ void save_with(const Optimizer<Tiers, Backend, Placement>& opt, Sink& sink, cons
     p.shape = pv.shape;
     p.step = opt.step_count(id);
     p.rounding_stream = opt.rounding_stream(id);
-    p.arrays = state_arrays(Tiers::layout(p.tier), p.shape);
+    p.arrays = state_arrays(opt.tier_facts(p.tier).layout, p.shape);
     if (options.include_params) p.arrays.push_back({std::string(values_array), p.dtype, p.shape});
     records[i] = encode_param(p);
     if (records[i].size() > max_small_record)
@@ -172,7 +172,7 @@ void save_with(const Optimizer<Tiers, Backend, Placement>& opt, Sink& sink, cons
     const ParamId id{static_cast<index_t>(i)};
     w.record(tag_param, records[i]);
     fetch(id, [&](const ParamStateView& s) {
-      for (const auto& a : state_arrays(Tiers::layout(opt.tier(id)), opt.param(id).shape)) {
+      for (const auto& a : state_arrays(opt.tier_facts(opt.tier(id)).layout, opt.param(id).shape)) {
         const std::span<const float> data =
             a.name == "m" ? s.m : a.name == "v" ? s.v : a.name == "v_row" ? s.v_row : s.v_col;
         if (static_cast<index_t>(data.size()) != a.shape.numel())
@@ -204,8 +204,8 @@ void save_with(const Optimizer<Tiers, Backend, Placement>& opt, Sink& sink, cons
 /// its owners when sharded), so no process holds more than one complete
 /// tensor's state besides its own. A failure on rank 0 is raised as
 /// CheckpointError on every rank, after the gathers.
-template <class Tiers, class Backend, class Placement, class Sink, class Open, class Commit>
-void save(const Optimizer<Tiers, Backend, Placement>& opt, const SaveOptions& options, Open&& open, Commit&& commit) {
+template <class Sink, class Backend, class Placement, class Open, class Commit>
+void save(const OptimizerBase<Backend, Placement>& opt, const SaveOptions& options, Open&& open, Commit&& commit) {
   const auto fetch = [&](ParamId id, auto&& f) {
     opt.engine().with_complete_arrays(static_cast<std::size_t>(id.index), f);
   };

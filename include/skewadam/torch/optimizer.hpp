@@ -110,6 +110,7 @@
 #include "../tier.hpp"
 #include "../tier_assignment.hpp"
 #include "../tier_rules.hpp"
+#include "../tier_table.hpp"
 #include "archive.hpp"
 #include "core.hpp"
 #include "options.hpp"
@@ -117,24 +118,41 @@
 
 namespace skewadam::libtorch {
 
-/// SkewAdam (or any TierRules variant) behind torch's Optimizer interface.
-template <class Tiers = SkewAdamTiers, class Backend = backend::DefaultBackend>
-class Optimizer : public ::torch::optim::Optimizer {
+/// Everything of the adapter but which rule each tier follows: the optimizer
+/// underneath comes from CoreMakers and the tiers' state layouts from a
+/// TierTable, so that this class, torch-heavy, is compiled once for every
+/// TierRules alias. Optimizer<Tiers, Backend> (below) is the class to use.
+class OptimizerBase : public ::torch::optim::Optimizer {
  public:
-  /// The front-end underneath CPU tensors in one process.
-  using core_type = skewadam::Optimizer<Tiers, Backend>;
-#if SKEWADAM_TORCH_DISTRIBUTED
-  /// The front-end underneath CPU tensors sharded over Options::process_group.
-  using sharded_core_type = skewadam::Optimizer<Tiers, Backend, dist::Sharded<ProcessGroupCommunicator>>;
-#endif
   using NamedParameters = ::torch::OrderedDict<std::string, at::Tensor>;
 
-  Optimizer(const NamedParameters& named_parameters, Options options = {})
-      : Optimizer(to_pairs(named_parameters), std::move(options)) {}
+ protected:
+  /// How the optimizer underneath is built for one TierRules alias and
+  /// backend: a registered device engine (torch/core.hpp), else the CPU
+  /// backend's, in one process or sharded over a process group.
+  struct CoreMakers {
+    CoreFactory (*device)(std::string_view device_type);
+    std::unique_ptr<Core> (*cpu)(const PerTier<Hyperparameters>&, const skewadam::OptimizerOptions&);
+#if SKEWADAM_TORCH_DISTRIBUTED
+    ShardedCoreFactory (*sharded_device)(std::string_view device_type);
+    std::unique_ptr<Core> (*cpu_sharded)(ProcessGroupCommunicator&, const PerTier<Hyperparameters>&,
+                                         const skewadam::OptimizerOptions&, dist::ShardOptions);
+#endif
+  };
 
-  Optimizer(const std::vector<std::pair<std::string, at::Tensor>>& named_parameters, Options options = {})
+  static std::vector<std::pair<std::string, at::Tensor>> to_pairs(const NamedParameters& d) {
+    std::vector<std::pair<std::string, at::Tensor>> v;
+    v.reserve(d.size());
+    for (const auto& item : d) v.emplace_back(item.key(), item.value());
+    return v;
+  }
+
+  OptimizerBase(const std::vector<std::pair<std::string, at::Tensor>>& named_parameters, Options options,
+                const CoreMakers& makers, const TierTable& tiers)
       : ::torch::optim::Optimizer(std::vector<::torch::optim::OptimizerParamGroup>{},
                                   std::make_unique<GroupOptions>(Tier::backbone, options.hyperparameters.backbone)),
+        makers_(&makers),
+        tiers_(&tiers),
         rules_(std::move(options.tier_rules)),
         max_grad_norm_(skewadam::detail::checked_max_grad_norm(options.max_grad_norm, "Options.max_grad_norm")) {
     for (Tier t : all_tiers)
@@ -177,11 +195,12 @@ class Optimizer : public ::torch::optim::Optimizer {
     refresh_views();
   }
 
-  Optimizer(const Optimizer&) = delete;
-  Optimizer& operator=(const Optimizer&) = delete;
-  Optimizer(Optimizer&&) = delete;  // the backward hooks point at it
-  Optimizer& operator=(Optimizer&&) = delete;
-  ~Optimizer() override { remove_backward_hooks(); }
+ public:
+  OptimizerBase(const OptimizerBase&) = delete;
+  OptimizerBase& operator=(const OptimizerBase&) = delete;
+  OptimizerBase(OptimizerBase&&) = delete;  // the backward hooks point at it
+  OptimizerBase& operator=(OptimizerBase&&) = delete;
+  ~OptimizerBase() override { remove_backward_hooks(); }
 
   // ------------------------------------------------------------------ step
   /// One update of every parameter that has a gradient. With a closure, runs
@@ -312,7 +331,7 @@ class Optimizer : public ::torch::optim::Optimizer {
   /// Sharded: the complete momentum, gathered (collective).
   at::Tensor momentum(const std::string& name) const {
     const Param& p = params_[index_of(name)];
-    const StateLayout layout = Tiers::layout(p.tier);
+    const StateLayout layout = (*tiers_)[p.tier].layout;
     if (!layout.momentum || p.shape.numel() == 0) return {};
     std::vector<float> words;
     if (sharded()) {
@@ -328,25 +347,10 @@ class Optimizer : public ::torch::optim::Optimizer {
   }
   /// The device the parameters and the state are on.
   at::Device device() const noexcept { return device_; }
+  /// What tier t's rule keeps and is called (tier_table.hpp).
+  const TierFacts& tier_facts(Tier t) const { return (*tiers_)[t]; }
   /// The optimizer underneath, whatever its backend and placement.
   const Core& engine_core() const noexcept { return *core_; }
-  /// The library's optimizer underneath CPU tensors in one process.
-  const core_type& core() const {
-    const auto* c = dynamic_cast<const CoreOf<core_type>*>(core_.get());
-    if (c == nullptr)
-      throw std::logic_error("core(): this optimizer's parameters are on " + device_.str() +
-                             (sharded() ? ", sharded over a process group (sharded_core())" : "") +
-                             "; core() is the CPU front-end in one process");
-    return c->optimizer();
-  }
-#if SKEWADAM_TORCH_DISTRIBUTED
-  /// The library's sharded optimizer underneath (Options::process_group).
-  const sharded_core_type& sharded_core() const {
-    const auto* c = dynamic_cast<const CoreOf<sharded_core_type>*>(core_.get());
-    if (c == nullptr) throw std::logic_error("sharded_core(): this optimizer is not sharded (Options::process_group is null)");
-    return c->optimizer();
-  }
-#endif
   /// Whether the state is sharded over Options::process_group.
   bool sharded() const noexcept { return core_->ranks() > 1 || comm_ != nullptr; }
   /// This process's rank in the group, and the group's size (0 and 1 unsharded).
@@ -487,13 +491,13 @@ class Optimizer : public ::torch::optim::Optimizer {
 
   /// Steps parameter `index` once its gradient accumulator has run.
   struct BackwardHook final : ::torch::autograd::FunctionPostHook {
-    BackwardHook(Optimizer* o, std::size_t i) : owner(o), index(i) {}
+    BackwardHook(OptimizerBase* o, std::size_t i) : owner(o), index(i) {}
     ::torch::autograd::variable_list operator()(const ::torch::autograd::variable_list& outputs,
                                                 const ::torch::autograd::variable_list&) override {
       owner->step_one(index);
       return outputs;
     }
-    Optimizer* owner;
+    OptimizerBase* owner;
     std::size_t index;
   };
   struct Hook {
@@ -559,12 +563,6 @@ class Optimizer : public ::torch::optim::Optimizer {
     p.tensor.mutable_grad().reset();  // freed (a device step holds it through grad_copies_ or the stream)
   }
 
-  static std::vector<std::pair<std::string, at::Tensor>> to_pairs(const NamedParameters& d) {
-    std::vector<std::pair<std::string, at::Tensor>> v;
-    v.reserve(d.size());
-    for (const auto& item : d) v.emplace_back(item.key(), item.value());
-    return v;
-  }
 
   /// The one device every parameter is on (the CPU for an empty list).
   static at::Device device_of(const std::vector<std::pair<std::string, at::Tensor>>& named) {
@@ -595,20 +593,20 @@ class Optimizer : public ::torch::optim::Optimizer {
     if (options.process_group) {
       comm_ = std::make_unique<ProcessGroupCommunicator>(options.process_group, staging_of(options));
       const dist::ShardOptions shard{options.expert_sharding};
-      if (const ShardedCoreFactory make = sharded_device_core<Tiers>(type)) {
+      if (const ShardedCoreFactory make = makers_->sharded_device(type)) {
         any_comm_ = std::make_unique<dist::CommunicatorRef<ProcessGroupCommunicator>>(*comm_);
         return make(*any_comm_, options.hyperparameters, o, shard, device_.index());
       }
       if (device_.is_cpu())
-        return std::make_unique<CoreOf<sharded_core_type>>(*comm_, options.hyperparameters, o, shard);
+        return makers_->cpu_sharded(*comm_, options.hyperparameters, o, shard);
       throw std::invalid_argument("Options.process_group: the parameters are on " + device_.str() +
                                   ", and no sharded engine for " + type +
                                   " tensors is built into this program (for CUDA: compile one translation unit with "
                                   "nvcc that includes <skewadam/torch/cuda.cuh>; CMake: SKEWADAM_WITH_CUDA)");
     }
 #endif
-    if (const CoreFactory make = device_core<Tiers>(type)) return make(options.hyperparameters, o, device_.index());
-    if (device_.is_cpu()) return std::make_unique<CoreOf<core_type>>(options.hyperparameters, o);
+    if (const CoreFactory make = makers_->device(type)) return make(options.hyperparameters, o, device_.index());
+    if (device_.is_cpu()) return makers_->cpu(options.hyperparameters, o);
     throw std::invalid_argument("parameters: on " + device_.str() + ", and no engine for " + type +
                                 " tensors is built into this program (for CUDA: compile one translation unit with "
                                 "nvcc that includes <skewadam/torch/cuda.cuh>; CMake: SKEWADAM_WITH_CUDA)");
@@ -695,7 +693,7 @@ class Optimizer : public ::torch::optim::Optimizer {
     const bool flat = sharded();
     for (Param& p : params_) {
       const ParamStateView live = core_->state(p.id);
-      const detail::StateShapes shapes = detail::state_shapes(p.shape, Tiers::layout(p.tier));
+      const detail::StateShapes shapes = detail::state_shapes(p.shape, (*tiers_)[p.tier].layout);
       const auto sizes = [&](std::span<const float> s, const std::vector<std::int64_t>& logical) {
         return flat ? std::vector<std::int64_t>{static_cast<std::int64_t>(s.size())} : logical;
       };
@@ -707,6 +705,8 @@ class Optimizer : public ::torch::optim::Optimizer {
     }
   }
 
+  const CoreMakers* makers_;
+  const TierTable* tiers_;
   TierAssigner rules_;
   double max_grad_norm_ = 0.0;
   at::Device device_ = at::Device(at::kCPU);
@@ -722,6 +722,59 @@ class Optimizer : public ::torch::optim::Optimizer {
   std::vector<at::Tensor> grad_copies_;                 // non-contiguous gradients a device step may still read
   std::optional<std::vector<std::byte>> consolidated_;  // sharded, rank 0: consolidate_checkpoint()'s bytes
   std::vector<Hook> hooks_;                             // step_in_backward()'s
+};
+
+/// SkewAdam (or any TierRules variant) behind torch's Optimizer interface:
+/// OptimizerBase with the rules Tiers gives each tier.
+template <class Tiers = SkewAdamTiers, class Backend = backend::DefaultBackend>
+class Optimizer : public OptimizerBase {
+ public:
+  /// The front-end underneath CPU tensors in one process.
+  using core_type = skewadam::Optimizer<Tiers, Backend>;
+#if SKEWADAM_TORCH_DISTRIBUTED
+  /// The front-end underneath CPU tensors sharded over Options::process_group.
+  using sharded_core_type = skewadam::Optimizer<Tiers, Backend, dist::Sharded<ProcessGroupCommunicator>>;
+#endif
+
+  Optimizer(const NamedParameters& named_parameters, Options options = {})
+      : Optimizer(to_pairs(named_parameters), std::move(options)) {}
+  Optimizer(const std::vector<std::pair<std::string, at::Tensor>>& named_parameters, Options options = {})
+      : OptimizerBase(named_parameters, std::move(options), makers(), TierTable::of<Tiers>()) {}
+
+  /// The library's optimizer underneath CPU tensors in one process.
+  const core_type& core() const {
+    const auto* c = dynamic_cast<const CoreOf<core_type>*>(&engine_core());
+    if (c == nullptr)
+      throw std::logic_error("core(): this optimizer's parameters are on " + device().str() +
+                             (sharded() ? ", sharded over a process group (sharded_core())" : "") +
+                             "; core() is the CPU front-end in one process");
+    return c->optimizer();
+  }
+#if SKEWADAM_TORCH_DISTRIBUTED
+  /// The library's sharded optimizer underneath (Options::process_group).
+  const sharded_core_type& sharded_core() const {
+    const auto* c = dynamic_cast<const CoreOf<sharded_core_type>*>(&engine_core());
+    if (c == nullptr) throw std::logic_error("sharded_core(): this optimizer is not sharded (Options::process_group is null)");
+    return c->optimizer();
+  }
+#endif
+ private:
+  static const CoreMakers& makers() {
+    static const CoreMakers m{
+        &device_core<Tiers>,
+        [](const PerTier<Hyperparameters>& h, const skewadam::OptimizerOptions& o) -> std::unique_ptr<Core> {
+          return std::make_unique<CoreOf<core_type>>(h, o);
+        },
+#if SKEWADAM_TORCH_DISTRIBUTED
+        &sharded_device_core<Tiers>,
+        [](ProcessGroupCommunicator& comm, const PerTier<Hyperparameters>& h, const skewadam::OptimizerOptions& o,
+           dist::ShardOptions shard) -> std::unique_ptr<Core> {
+          return std::make_unique<CoreOf<sharded_core_type>>(comm, h, o, shard);
+        },
+#endif
+    };
+    return m;
+  }
 };
 
 // ----------------------------------------------------------------- variants

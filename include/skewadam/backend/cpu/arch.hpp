@@ -1,32 +1,37 @@
 #pragma once
-// Which SIMD architecture the CPU kernels run on, chosen at run time.
+// Which SIMD architecture the CPU kernels run on.
 //
-// A binary holds the CPU kernels of every architecture level its compiler
-// flags allow (a level is compiled when xsimd's tag for it is supported, e.g.
-// -march=native on an AVX-512 machine compiles all four x86 levels):
+// A level is compiled when the compiler flags allow xsimd's tag for it
+// (-march=native on an AVX-512 machine allows all three x86 levels):
 //
 //   level     tag                                    lanes (fp32)
 //   avx512    xsimd::avx512bw                        16
 //   avx2      xsimd::fma3<xsimd::avx2> or xsimd::avx2 8
-//   sse       xsimd::sse4_2 or xsimd::sse2            4   (only without avx2)
+//   sse       xsimd::sse4_2 or xsimd::sse2            4
 //   neon      xsimd::neon64 (aarch64)                 4
 //   scalar    ScalarArch (one element at a time)      1
 //
-// The default CPU backend (CpuBackend<DispatchArch>) runs the widest level
-// that is compiled in and that the processor supports. The environment
-// variable SKEWADAM_CPU_ARCH forces another one (a level name above, or the
-// tag's own name such as "fma3+avx2"), so that every code path can be run
-// and tested on one machine; it is read once per process, when the first
-// optimizer is built. A name that is unknown, not compiled in, or not
-// supported by this processor is an error (std::invalid_argument naming the
-// variable and the choices), never a silent fallback.
+// A program pays for the levels it runs. By default the default CPU backend
+// (backend::DefaultBackend = NativeBackend) holds the kernels of the widest
+// level the compiler targets alone, fixed at compile time: a build without
+// -march runs sse, one with -march=native on an AVX-512 machine avx512.
 //
-// A program that never runs another level than the widest, such as a test
-// program whose kernels' levels are tested elsewhere, may define
-// SKEWADAM_DISPATCH_WIDEST_ONLY: its default backend then holds the kernels of
-// the widest level compiled in alone (it compiles in a fraction of the time),
-// and a SKEWADAM_CPU_ARCH that names another level is refused when an
-// optimizer is built. CpuBackend<Tag> of an explicit level is unaffected.
+// Defining SKEWADAM_RUNTIME_DISPATCH (for packagers: one binary for several
+// processors, and for testing every level on one machine) makes the default
+// backend DispatchBackend (CpuBackend<DispatchArch>): it holds the kernels of
+// every compiled level and runs the widest the processor supports, unless the
+// environment variable SKEWADAM_CPU_ARCH names another one (a level name
+// above, or the tag's own name such as "fma3+avx2"). It is read once per
+// process, when the first optimizer is built. A name that is unknown, not
+// compiled in, or not supported by this processor is an error
+// (std::invalid_argument naming the variable and the choices), never a silent
+// fallback; so is, for NativeBackend, a SKEWADAM_CPU_ARCH that names another
+// level than its own. The macro selects a type: a program's translation
+// units may differ in it without breaking the one-definition rule (their
+// optimizers are then different types).
+//
+// CpuBackend<Tag> of an explicit level (ScalarArch, xsimd::avx2...) is
+// always available and unaffected by either.
 
 #include <xsimd/xsimd.hpp>
 
@@ -75,13 +80,8 @@ template <>
 struct arch_tag<CpuArch::avx512> : detail::first_compiled<xsimd::avx512bw> {};
 template <>
 struct arch_tag<CpuArch::avx2> : detail::first_compiled<xsimd::fma3<xsimd::avx2>, xsimd::avx2> {};
-/// sse only where it is the widest x86 level compiled (a baseline x86-64
-/// build): every AVX2 processor runs the avx2 level, so a binary that has it
-/// does not carry a third set of kernels.
 template <>
-struct arch_tag<CpuArch::sse>
-    : std::conditional_t<std::is_void_v<arch_tag_t<CpuArch::avx2>>, detail::first_compiled<xsimd::sse4_2, xsimd::sse2>,
-                         detail::first_compiled<>> {};
+struct arch_tag<CpuArch::sse> : detail::first_compiled<xsimd::sse4_2, xsimd::sse2> {};
 template <>
 struct arch_tag<CpuArch::neon> : detail::first_compiled<xsimd::neon64> {};
 template <>
@@ -196,7 +196,10 @@ constexpr CpuArch widest_compiled() noexcept {
   return CpuArch::scalar;
 }
 
-/// The level the default backend runs: SKEWADAM_CPU_ARCH if set (and
+/// The tag of the widest level compiled in: the kernels of NativeBackend.
+using widest_tag_t = arch_tag_t<widest_compiled()>;
+
+/// The level the dispatching backend runs: SKEWADAM_CPU_ARCH if set (and
 /// valid), else the widest available. Decided on the first call; an invalid
 /// value throws on every call.
 inline CpuArch selected_arch() {
@@ -212,8 +215,9 @@ inline CpuArch selected_arch() {
 
 namespace skewadam {
 
-/// Tag of the default CPU backend: the level is chosen at run time
-/// (backend::cpu::selected_arch()).
+/// Tag of the CPU backend whose level is chosen at run time
+/// (backend::cpu::selected_arch()): the default one under
+/// SKEWADAM_RUNTIME_DISPATCH.
 struct DispatchArch {
   static const char* name() { return backend::cpu::tag_name(backend::cpu::selected_arch()); }
 };

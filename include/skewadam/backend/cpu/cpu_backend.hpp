@@ -27,9 +27,10 @@
 // under a busy co-tenant (bench/RESULTS.md).
 //
 // Arch is an xsimd architecture tag (xsimd::avx2, xsimd::avx512bw, ...),
-// skewadam::ScalarArch, or skewadam::DispatchArch (the default): the level
-// chosen at run time among those compiled in, the widest the processor
-// supports unless SKEWADAM_CPU_ARCH says otherwise (arch.hpp).
+// skewadam::ScalarArch, or skewadam::DispatchArch: the level chosen at run
+// time among those compiled in, the widest the processor supports unless
+// SKEWADAM_CPU_ARCH says otherwise (arch.hpp). DefaultBackend is the widest
+// compiled level's, or DispatchArch's under SKEWADAM_RUNTIME_DISPATCH.
 
 #include <algorithm>
 #include <array>
@@ -38,6 +39,7 @@
 #include <numeric>
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <span>
@@ -62,6 +64,11 @@
 #include "simd.hpp"
 #include "summation.hpp"
 #include "work.hpp"
+
+// The compiled mode: the shipped rules' kernels come from skewadam::compiled.
+#if defined(SKEWADAM_COMPILED)
+#include "../../compiled.hpp"
+#endif
 
 namespace skewadam::backend {
 
@@ -98,19 +105,20 @@ class CpuBackend {
   };
 
   /// Checks the architecture choice (SKEWADAM_CPU_ARCH) up front: an invalid
-  /// one throws here, before any parameter is registered.
+  /// one throws here, before any parameter is registered. The backend of the
+  /// widest compiled level (NativeBackend) refuses a choice of another level:
+  /// it holds no other kernels.
   CpuBackend() {
     if constexpr (std::is_same_v<Arch, DispatchArch>) {
-      const CpuArch a = cpu::selected_arch();
-#if defined(SKEWADAM_DISPATCH_WIDEST_ONLY)
+      (void)cpu::selected_arch();
+    } else if constexpr (std::is_same_v<Arch, cpu::widest_tag_t>) {
+      const char* env = std::getenv("SKEWADAM_CPU_ARCH");
+      if (env == nullptr || *env == '\0') return;
+      const CpuArch a = cpu::parse_arch(env, "SKEWADAM_CPU_ARCH");
       if (a != cpu::widest_compiled())
-        throw std::invalid_argument(std::string("SKEWADAM_CPU_ARCH=") + cpu::level_name(a) +
-                                    ": this program's default backend holds the " +
+        throw std::invalid_argument(std::string("SKEWADAM_CPU_ARCH=") + env + ": this program's CPU backend holds the " +
                                     cpu::level_name(cpu::widest_compiled()) +
-                                    " kernels alone (SKEWADAM_DISPATCH_WIDEST_ONLY)");
-#else
-      (void)a;
-#endif
+                                    " kernels alone (define SKEWADAM_RUNTIME_DISPATCH to choose the level at run time)");
     }
   }
   explicit CpuBackend(const OptimizerOptions& options) : CpuBackend() { set_threads(options.threads); }
@@ -118,16 +126,14 @@ class CpuBackend {
   /// The name of the architecture the kernels run ("avx512bw", "scalar"...).
   static const char* arch_name() { return Arch::name(); }
 
+  /// The kernels of a rule for parameters of element type P and gradients of
+  /// G (cpu::kernel_table: compiled once by skewadam::compiled where linked).
   template <class Rule, class P, class G>
   static const KernelTable* kernels() {
-    if constexpr (std::is_same_v<Arch, DispatchArch>) {
-#if defined(SKEWADAM_DISPATCH_WIDEST_ONLY)
-      return cpu::Kernels<Rule, P, G, cpu::arch_tag_t<cpu::widest_compiled()>>::table();
-#else
-      return cpu::visit_arch(cpu::selected_arch(), []<class A>() { return cpu::Kernels<Rule, P, G, A>::table(); });
-#endif
-    } else
-      return cpu::Kernels<Rule, P, G, Arch>::table();
+    if constexpr (std::is_same_v<Arch, DispatchArch>)
+      return cpu::visit_arch(cpu::selected_arch(), []<class A>() { return cpu::kernel_table<Rule, P, G, A>(); });
+    else
+      return cpu::kernel_table<Rule, P, G, Arch>();
   }
 
   /// Threads used per step; 0 selects the hardware's count.
@@ -701,11 +707,17 @@ class CpuBackend {
   double norm_sq_ = std::numeric_limits<double>::quiet_NaN();
 };
 
-/// The backend an optimizer uses unless told otherwise: the architecture is
-/// chosen at run time (arch.hpp).
-using DefaultBackend = CpuBackend<>;
-/// The widest architecture the compiler targets, fixed at compile time: one
-/// set of kernels per program instead of one per compiled level.
-using NativeBackend = CpuBackend<xsimd::default_arch>;
+/// The widest level the compiler targets, fixed at compile time: one set of
+/// kernels per rule and dtypes.
+using NativeBackend = CpuBackend<cpu::widest_tag_t>;
+/// Every compiled level, the one that runs chosen at run time (arch.hpp).
+using DispatchBackend = CpuBackend<DispatchArch>;
+/// The backend an optimizer uses unless told otherwise: NativeBackend, or
+/// DispatchBackend where SKEWADAM_RUNTIME_DISPATCH is defined (arch.hpp).
+#if defined(SKEWADAM_RUNTIME_DISPATCH)
+using DefaultBackend = DispatchBackend;
+#else
+using DefaultBackend = NativeBackend;
+#endif
 
 }  // namespace skewadam::backend

@@ -716,4 +716,16 @@ struct Kernels {
   }
 };
 
+/// The kernels of a rule for parameters of element type P, gradients of G,
+/// on architecture Arch: what a backend asks for. Not inline, so that the
+/// compiled mode (skewadam/compiled.hpp) can instantiate it once, in its
+/// library, and declare it extern for every translation unit that uses it.
+template <class Rule, class P, class G, class Arch>
+const KernelTable* kernel_table() noexcept;
+
+template <class Rule, class P, class G, class Arch>
+const KernelTable* kernel_table() noexcept {
+  return Kernels<Rule, P, G, Arch>::table();
+}
+
 }  // namespace skewadam::backend::cpu
