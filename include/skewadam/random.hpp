@@ -12,6 +12,15 @@
 // e mod 8 < 4 and its high half otherwise. (Checkpoints name this stream's
 // rounding policy StochasticRounding16: see rule_name.hpp.)
 
+// Random123's SSE types (r123m128i and the arrays of them) are not used here:
+// unless the includer configured Random123 first, they are left out
+// (R123_USE_SSE 0, Random123's own switch, which then holds for its other
+// headers too), which spares every file that includes skewadam the whole of
+// <x86intrin.h> (about a second of compile time without -march). Philox4x32
+// is the same either way.
+#if !defined(R123_USE_SSE)
+#define R123_USE_SSE 0
+#endif
 #include <Random123/philox.h>
 
 #include <cstdint>
