@@ -6,9 +6,15 @@ the installed torch has CUDA and nvcc is found (SKEWADAM_CUDA=0 turns it off,
     python3 -m venv --system-site-packages VENV
     VENV/bin/pip install --no-build-isolation --no-deps ./python
 
-The kernels are compiled for this machine's processor (-march=native); set
-SKEWADAM_MARCH to another -march value (x86-64-v3, say) for a build that runs
-elsewhere. MAX_JOBS sets how many sources compile at once (default: the cores).
+The kernels are compiled for this machine's processor (-march=native), its
+widest CPU level alone; set SKEWADAM_MARCH to another -march value
+(x86-64-v3, say) for a build that runs elsewhere, and
+SKEWADAM_RUNTIME_DISPATCH=1 for one that holds every level the flags allow
+and picks one at run time (SKEWADAM_CPU_ARCH). SKEWADAM_COMPILED names a
+build folder of the library's compiled mode (skewadam::compiled: its
+libskewadam_compiled.a and generated/), whose kernels are then linked
+instead of compiled here (the project's tests build it so). MAX_JOBS sets
+how many sources compile at once (default: the cores).
 """
 
 import os
@@ -60,8 +66,20 @@ cxx = ["-std=c++20", "-O3", "-g0", f"-march={march}", "-fopenmp", "-fno-math-err
        # GCC 12's AVX-512 intrinsics warn as (maybe-)uninitialized once inlined
        # (GCC bug 105593)
        "-Wno-uninitialized", "-Wno-maybe-uninitialized"]
-sources = ["src/module.cpp", "src/paper_variants.cpp", "src/baselines.cpp"]
+sources = ["src/module.cpp"]
 kwargs = dict(include_dirs=include_dirs(), extra_link_args=["-fopenmp"])
+if os.environ.get("SKEWADAM_RUNTIME_DISPATCH", "0") == "1":
+    cxx.append("-DSKEWADAM_RUNTIME_DISPATCH")
+compiled = os.environ.get("SKEWADAM_COMPILED")
+if compiled:
+    library = os.path.join(compiled, "libskewadam_compiled.a")
+    generated = os.path.join(compiled, "generated")
+    if not (os.path.isfile(library) and os.path.isfile(os.path.join(generated, "skewadam", "compiled_levels.hpp"))):
+        sys.exit(f"skewadam: SKEWADAM_COMPILED={compiled} holds no libskewadam_compiled.a and generated/ "
+                 "(a build folder of the library with SKEWADAM_BUILD_COMPILED=ON, built)")
+    cxx.append("-DSKEWADAM_COMPILED")
+    kwargs["include_dirs"].append(generated)
+    kwargs["extra_objects"] = [library]
 if with_cuda():
     cxx.append("-DSKEWADAM_PYTHON_WITH_CUDA")
     extension = cpp_extension.CUDAExtension(
