@@ -11,16 +11,11 @@ target_link_libraries(skewadam-cuda-emulation-tests PRIVATE skewadam::skewadam s
                       doctest::doctest)
 target_include_directories(skewadam-cuda-emulation-tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/support)
 skewadam_golden_definitions(skewadam-cuda-emulation-tests)
-skewadam_widest_level_only(skewadam-cuda-emulation-tests)
-# The kernels run here as the GPU runs them, without contraction into fused
-# multiply-adds (CUDA: -fmad=false), so that the rounding test can hold the
-# emulated kernels to the CPU backend's bits, which it compiles the same way.
+skewadam_test_program(skewadam-cuda-emulation-tests)
+# The kernels they instantiate themselves run as the GPU runs them, without
+# contraction into fused multiply-adds (CUDA: -fmad=false), as
+# skewadam_tool_kernels compiles the emulated passes.
 target_compile_options(skewadam-cuda-emulation-tests PRIVATE $<$<CXX_COMPILER_ID:GNU,Clang>:-ffp-contract=off>)
-# Their run time is the emulation's (fibers switching at every barrier and
-# warp shuffle), which the optimization level hardly changes, while -O1 builds
-# them in about 60 % of -O3's time: an optimized build compiles them at -O1.
-target_compile_options(skewadam-cuda-emulation-tests PRIVATE
-                       $<$<AND:$<CXX_COMPILER_ID:GNU,Clang>,$<CONFIG:Release,RelWithDebInfo,MinSizeRel>>:-O1>)
 # (the kernels' source defines main(): it stays alone)
 skewadam_unity_tests(skewadam-cuda-emulation-tests 2)
 set_source_files_properties(emulation/test_cuda_kernels_emulated.cpp PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
@@ -28,8 +23,17 @@ set_source_files_properties(emulation/test_cuda_kernels_emulated.cpp PROPERTIES 
 # threads (cuda_emulation.hpp), so that a race between blocks fails them; the
 # golden cases below with the blocks shuffled on one thread, their resumed
 # runs in the serial order.
+# Every golden case through the contract suite at three ranks takes 50 s: the
+# full tier's (the fast tier runs every case at one rank, locally and
+# sharded, and the other properties at three).
 doctest_discover_tests(skewadam-cuda-emulation-tests TEST_PREFIX "cuda-emulation/"
+                       TEST_SPEC "--test-case-exclude=*every golden case*ThreeRanks>"
                        PROPERTIES LABELS cuda-emulation ENVIRONMENT SKEWADAM_EMU_BLOCKS=concurrent:2)
+if(SKEWADAM_FULL_TESTS)
+  doctest_discover_tests(skewadam-cuda-emulation-tests TEST_PREFIX "cuda-emulation/"
+                         TEST_SPEC "--test-case=*every golden case*ThreeRanks>"
+                         PROPERTIES LABELS cuda-emulation ENVIRONMENT SKEWADAM_EMU_BLOCKS=concurrent:2)
+endif()
 
 # Every golden case (each set, golden_cases.cmake) through skewadam-replay
 # --backend cuda-emulated, and resumed at several steps as the CPU's
@@ -47,12 +51,16 @@ foreach(_set IN LISTS SKEWADAM_GOLDEN_SETS)
              COMMAND ${SKEWADAM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/check_golden.py ${_case} ${_out})
     set_tests_properties(${_set}/${_name}/cuda-emulated/independent-check PROPERTIES
                          DEPENDS ${_set}/${_name}/cuda-emulated)
-    add_test(NAME cuda-emulation/${_resume}.${_name}
-             COMMAND ${CMAKE_COMMAND} -DREPLAY=$<TARGET_FILE:skewadam-replay> -DCASE=${_case} -DBACKEND=cuda-emulated
-                     -DWORK=${CMAKE_CURRENT_BINARY_DIR}/cuda-emulated-resume/${_set}/${_name}
-                     -P ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/resume_case.cmake)
-    set_tests_properties(${_set}/${_name}/cuda-emulated cuda-emulation/${_resume}.${_name} PROPERTIES
-                         LABELS cuda-emulation)
-    set_tests_properties(${_set}/${_name}/cuda-emulated PROPERTIES ENVIRONMENT SKEWADAM_EMU_BLOCKS=shuffled)
+    set_tests_properties(${_set}/${_name}/cuda-emulated PROPERTIES LABELS cuda-emulation
+                         ENVIRONMENT SKEWADAM_EMU_BLOCKS=shuffled)
+    # (four seconds each: the fast tier resumes its representative cases)
+    skewadam_in_tier(${_set} ${_name} SKEWADAM_FAST_RESUME_CASES _resumed)
+    if(_resumed)
+      add_test(NAME cuda-emulation/${_resume}.${_name}
+               COMMAND ${CMAKE_COMMAND} -DREPLAY=$<TARGET_FILE:skewadam-replay> -DCASE=${_case} -DBACKEND=cuda-emulated
+                       -DWORK=${CMAKE_CURRENT_BINARY_DIR}/cuda-emulated-resume/${_set}/${_name}
+                       -P ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/resume_case.cmake)
+      set_tests_properties(cuda-emulation/${_resume}.${_name} PROPERTIES LABELS cuda-emulation)
+    endif()
   endforeach()
 endforeach()

@@ -57,3 +57,22 @@ function(skewadam_golden_definitions target)
                                SKEWADAM_GOLDEN_EXTERNAL_DIR="${SKEWADAM_GOLDEN_DIR_golden-external}")
   endif()
 endfunction()
+
+# The test tiers (SKEWADAM_TEST_TIER, the top-level CMakeLists.txt). Every
+# case runs in both through the cheap entries (the replay at 1 and 2 threads
+# and on each CPU level, the emulated CUDA backend, their independent checks,
+# the reference, Python). The costly entries (resumed runs on the emulated
+# CUDA backend, MPI rank counts) run every case in the full tier and, in the
+# fast one, the project's cases that cover each rule, dtype, momentum storage
+# and shape kind once, listed here per entry.
+set(SKEWADAM_FAST_RESUME_CASES backbone_2d momentum_int8_bank3d bf16_experts_bank router_2d)
+set(SKEWADAM_FAST_MPI_CASES backbone_2d bank3d_tensor_clip momentum_int8_bank3d)
+# skewadam_in_tier(SET CASE_NAME LIST OUT): OUT is true when the full tier
+# runs, or the case is one of the project's and in LIST.
+function(skewadam_in_tier set name list out)
+  if(SKEWADAM_FULL_TESTS OR (set STREQUAL "golden" AND name IN_LIST ${list}))
+    set(${out} TRUE PARENT_SCOPE)
+  else()
+    set(${out} FALSE PARENT_SCOPE)
+  endif()
+endfunction()

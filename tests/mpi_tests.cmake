@@ -37,12 +37,21 @@ endfunction()
 # contract suite runs every path at one rank over the self communicator).
 set(_every_rank_count backbone_2d bank3d_tensor_clip router_2d bias_1d_fallback momentum_int8_bank3d
     momentum_bf16_2d rank4_factored)
+# The fast tier runs its representative cases (SKEWADAM_FAST_MPI_CASES) at
+# 3 ranks alone, on the CPU and the emulated CUDA backend.
 foreach(_set IN LISTS SKEWADAM_GOLDEN_SETS)
   foreach(_case IN LISTS SKEWADAM_GOLDEN_CASES_${_set})
     get_filename_component(_name ${_case} NAME)
+    skewadam_in_tier(${_set} ${_name} SKEWADAM_FAST_MPI_CASES _sharded)
+    if(NOT _sharded)
+      continue()
+    endif()
     set(_rank_counts 2 3)
     if(_name IN_LIST _every_rank_count OR NOT _set STREQUAL "golden")
       set(_rank_counts 1 2 3 4)
+    endif()
+    if(NOT SKEWADAM_FULL_TESTS)
+      set(_rank_counts 3)
     endif()
     foreach(_ranks IN LISTS _rank_counts)
       set(_out ${CMAKE_CURRENT_BINARY_DIR}/golden-mpi-out/${_set}/${_name}-n${_ranks})
@@ -57,8 +66,10 @@ foreach(_set IN LISTS SKEWADAM_GOLDEN_SETS)
     # its kernels emulated on the host: at 2 and 3 ranks (rows cut between
     # ranks; whole experts).
     foreach(_ranks 2 3)
-      skewadam_add_mpi_test(${_set}-mpi/${_name}/ranks-${_ranks}/cuda-emulated ${_ranks}
-                            $<TARGET_FILE:skewadam-replay> ${_case} --shard --backend cuda-emulated)
+      if(SKEWADAM_FULL_TESTS OR _ranks EQUAL 3)
+        skewadam_add_mpi_test(${_set}-mpi/${_name}/ranks-${_ranks}/cuda-emulated ${_ranks}
+                              $<TARGET_FILE:skewadam-replay> ${_case} --shard --backend cuda-emulated)
+      endif()
     endforeach()
   endforeach()
 endforeach()
@@ -66,11 +77,19 @@ endforeach()
 # Expert banks [E, r, c] of the project's cases sharded by rows instead of
 # whole experts, on the CPU and on the emulated CUDA backend.
 set(_golden ${SKEWADAM_GOLDEN_DIR_golden})
-foreach(_name IN ITEMS bank3d_tensor_clip bank3d_matrix_clip uniform_3d bf16_experts_bank)
+set(_expert_rows bank3d_tensor_clip bank3d_matrix_clip uniform_3d bf16_experts_bank)
+set(_expert_rows_emulated bank3d_tensor_clip uniform_3d bf16_experts_bank)
+set(_checkpointed backbone_2d bank3d_tensor_clip router_2d bf16_backbone_2d)
+if(NOT SKEWADAM_FULL_TESTS)
+  set(_expert_rows bank3d_tensor_clip)
+  set(_expert_rows_emulated bank3d_tensor_clip)
+  set(_checkpointed bank3d_tensor_clip backbone_2d)
+endif()
+foreach(_name IN LISTS _expert_rows)
   skewadam_add_mpi_test(golden-mpi/${_name}/ranks-3/expert-rows 3
                         $<TARGET_FILE:skewadam-replay> ${_golden}/${_name} --shard --expert-rows)
 endforeach()
-foreach(_name IN ITEMS bank3d_tensor_clip uniform_3d bf16_experts_bank)
+foreach(_name IN LISTS _expert_rows_emulated)
   skewadam_add_mpi_test(golden-mpi/${_name}/ranks-3/expert-rows/cuda-emulated 3
                         $<TARGET_FILE:skewadam-replay> ${_golden}/${_name} --shard --expert-rows
                         --backend cuda-emulated)
@@ -81,7 +100,7 @@ endforeach()
 # golden ones.
 set(_ckpt_dir ${CMAKE_CURRENT_BINARY_DIR}/mpi-checkpoints)
 file(MAKE_DIRECTORY ${_ckpt_dir})
-foreach(_name IN ITEMS backbone_2d bank3d_tensor_clip router_2d bf16_backbone_2d)
+foreach(_name IN LISTS _checkpointed)
   set(_case ${_golden}/${_name})
   set(_file ${_ckpt_dir}/${_name}-n2.ckpt)
   skewadam_add_mpi_test(checkpoint-mpi/${_name}/save-2-ranks 2
@@ -108,11 +127,17 @@ endforeach()
 # The sharded optimizer against the single-process one, on a mixed model.
 add_executable(skewadam-mpi-tests ${CMAKE_CURRENT_SOURCE_DIR}/mpi/test_sharded_mpi.cpp)
 target_link_libraries(skewadam-mpi-tests PRIVATE skewadam::skewadam skewadam_tooling skewadam_warnings MPI::MPI_CXX)
-skewadam_widest_level_only(skewadam-mpi-tests)
-foreach(_ranks 2 3 4)
+skewadam_test_program(skewadam-mpi-tests)
+set(_unit_ranks 2 3 4)
+set(_unit_ranks_emulated 2 3)
+if(NOT SKEWADAM_FULL_TESTS)
+  set(_unit_ranks 3)
+  set(_unit_ranks_emulated 3)
+endif()
+foreach(_ranks IN LISTS _unit_ranks)
   skewadam_add_mpi_test(unit-mpi/sharded-vs-single/ranks-${_ranks} ${_ranks} $<TARGET_FILE:skewadam-mpi-tests>)
 endforeach()
-foreach(_ranks 2 3)
+foreach(_ranks IN LISTS _unit_ranks_emulated)
   skewadam_add_mpi_test(unit-mpi/sharded-vs-single/ranks-${_ranks}/cuda-emulated ${_ranks}
                         $<TARGET_FILE:skewadam-mpi-tests> --backend cuda-emulated)
 endforeach()
@@ -129,11 +154,3 @@ endif()
 if(TARGET sharded_training)
   skewadam_add_mpi_test(examples/sharded_training 2 $<TARGET_FILE:sharded_training> --steps 300)
 endif()
-
-# The MPI communicator's header compiles alone.
-file(CONFIGURE OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/header_alone_mpi/mpi_communicator.cpp
-     CONTENT "#include <skewadam/mpi/communicator.hpp>\n#include <skewadam/mpi/communicator.hpp>\n")
-add_library(skewadam-headers-alone-mpi OBJECT ${CMAKE_CURRENT_BINARY_DIR}/header_alone_mpi/mpi_communicator.cpp)
-target_link_libraries(skewadam-headers-alone-mpi PRIVATE skewadam::skewadam skewadam_warnings MPI::MPI_CXX)
-add_test(NAME headers/compile-alone-mpi
-         COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target skewadam-headers-alone-mpi)

@@ -29,9 +29,11 @@ add_library(skewadam-torch-test-common OBJECT ${_torch_common_sources}
 target_include_directories(skewadam-torch-test-common PUBLIC ${_torch_test_includes})
 target_link_libraries(skewadam-torch-test-common PUBLIC skewadam::skewadam ${TORCH_LIBRARIES} doctest::doctest)
 target_compile_features(skewadam-torch-test-common PUBLIC cxx_std_20)
-# (public: the executables' own sources, linked with these, define it alike)
-target_compile_definitions(skewadam-torch-test-common PUBLIC SKEWADAM_DISPATCH_WIDEST_ONLY)
-skewadam_unity_tests(skewadam-torch-test-common 4)
+# (public: the executables' own sources, linked with these, are compiled alike)
+target_link_libraries(skewadam-torch-test-common PUBLIC skewadam_tooling)
+target_compile_options(skewadam-torch-test-common PUBLIC
+                       $<$<AND:$<CXX_COMPILER_ID:GNU,Clang>,$<CONFIG:Release,RelWithDebInfo,MinSizeRel>>:-O1>)
+skewadam_unity_tests(skewadam-torch-test-common 6)
 if(TARGET skewadam_warnings)
   target_link_libraries(skewadam-torch-test-common PUBLIC skewadam_warnings)
 endif()
@@ -48,8 +50,10 @@ set_tests_properties(torch-adapter PROPERTIES LABELS "torch"
 
 # The same tests over a device engine: the CUDA backend on the emulated
 # runtime, registered for CPU tensors (unit_torch/device_engine_emulated.cpp),
-# so that the path CUDA tensors take through the adapter runs without a GPU.
-if(SKEWADAM_CUDA_EMULATION_TESTS AND TARGET skewadam_tooling)
+# so that the path CUDA tensors take through the adapter runs without a GPU
+# (the full tier: the adapter's tests and the emulated engine's run in the
+# fast one apart).
+if(SKEWADAM_CUDA_EMULATION_TESTS AND TARGET skewadam_tooling AND SKEWADAM_FULL_TESTS)
   add_executable(skewadam-torch-device-tests ${CMAKE_CURRENT_LIST_DIR}/unit_torch/main.cpp
                  ${CMAKE_CURRENT_LIST_DIR}/unit_torch/device_engine_emulated.cpp)
   target_link_libraries(skewadam-torch-device-tests PRIVATE skewadam-torch-test-common skewadam_tooling)
@@ -97,7 +101,11 @@ endif()
 
 # Sharding over a torch process group: Gloo on the CPU, 2 to 4 processes
 # meeting through a FileStore (tests/torch_dist). Needs LibTorch's c10d
-# headers and Gloo's (Debian: libgloo-dev).
+# headers and Gloo's (Debian: libgloo-dev). The full tier's: the sharded
+# placement runs in the fast one over MPI and threads.
+if(NOT SKEWADAM_FULL_TESTS)
+  return()
+endif()
 find_path(SKEWADAM_GLOO_INCLUDE gloo/algorithm.h)
 find_library(SKEWADAM_GLOO_LIBRARY gloo)
 if(NOT SKEWADAM_GLOO_INCLUDE OR NOT SKEWADAM_GLOO_LIBRARY)
@@ -114,7 +122,7 @@ target_include_directories(skewadam-torch-gloo-tests PRIVATE ${CMAKE_CURRENT_LIS
 target_link_libraries(skewadam-torch-gloo-tests PRIVATE skewadam::skewadam skewadam_tooling ${TORCH_LIBRARIES}
                       ${SKEWADAM_GLOO_LIBRARY})
 target_compile_features(skewadam-torch-gloo-tests PRIVATE cxx_std_20)
-skewadam_widest_level_only(skewadam-torch-gloo-tests)
+skewadam_test_program(skewadam-torch-gloo-tests)
 if(TARGET skewadam_warnings)
   target_link_libraries(skewadam-torch-gloo-tests PRIVATE skewadam_warnings)
 endif()

@@ -245,3 +245,15 @@ namespace skewadam::tools {
 /// The CUDA backend over the emulated runtime.
 using EmulatedCuda = backend::CudaBackend<emu::Runtime>;
 }  // namespace skewadam::tools
+
+// The emulated passes of the shipped rules and of the tools' own, compiled
+// once into skewadam_tool_kernels where it is linked (tool_kernels.hpp).
+#if defined(SKEWADAM_TOOL_EMULATED_PASSES) && !defined(SKEWADAM_COMPILED_BUILDING)
+#include <skewadam_tools/tool_kernels.hpp>
+SKEWADAM_EMULATED_PASSES(SKEWADAM_SHIPPED_RULES, F32, extern)
+SKEWADAM_EMULATED_PASSES(SKEWADAM_SHIPPED_RULES, BF16, extern)
+SKEWADAM_EMULATED_PASSES(SKEWADAM_SHIPPED_RULES, F16, extern)
+SKEWADAM_EMULATED_PASSES(SKEWADAM_TOOL_RULES, F32, extern)
+SKEWADAM_EMULATED_PASSES(SKEWADAM_TOOL_RULES, BF16, extern)
+SKEWADAM_EMULATED_PASSES(SKEWADAM_TOOL_RULES, F16, extern)
+#endif

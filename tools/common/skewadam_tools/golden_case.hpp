@@ -25,6 +25,9 @@
 #include <vector>
 
 #include <skewadam/skewadam.hpp>
+#if defined(SKEWADAM_TOOL_KERNELS)
+#include "tool_kernels.hpp"
+#endif
 
 #include "npy.hpp"
 
