@@ -111,6 +111,6 @@ endif()
 # cannot run is skipped (exit 77).
 foreach(_level IN LISTS SKEWADAM_CPU_ARCH_LEVELS)
   add_test(NAME large.huge_tensor.${_level} COMMAND skewadam-large-tests)
-  set_tests_properties(large.huge_tensor.${_level} PROPERTIES LABELS large TIMEOUT 1800 RUN_SERIAL TRUE
+  set_tests_properties(large.huge_tensor.${_level} PROPERTIES LABELS "large;full" TIMEOUT 1800 RUN_SERIAL TRUE
                        ENVIRONMENT SKEWADAM_CPU_ARCH=${_level} SKIP_RETURN_CODE 77)
 endforeach()

@@ -32,7 +32,7 @@ doctest_discover_tests(skewadam-cuda-emulation-tests TEST_PREFIX "cuda-emulation
 if(SKEWADAM_FULL_TESTS)
   doctest_discover_tests(skewadam-cuda-emulation-tests TEST_PREFIX "cuda-emulation/"
                          TEST_SPEC "--test-case=*every golden case*ThreeRanks>"
-                         PROPERTIES LABELS cuda-emulation ENVIRONMENT SKEWADAM_EMU_BLOCKS=concurrent:2)
+                         PROPERTIES LABELS "cuda-emulation;full" ENVIRONMENT SKEWADAM_EMU_BLOCKS=concurrent:2)
 endif()
 
 # Every golden case (each set, golden_cases.cmake) through skewadam-replay
@@ -61,6 +61,9 @@ foreach(_set IN LISTS SKEWADAM_GOLDEN_SETS)
                        -DWORK=${CMAKE_CURRENT_BINARY_DIR}/cuda-emulated-resume/${_set}/${_name}
                        -P ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/resume_case.cmake)
       set_tests_properties(cuda-emulation/${_resume}.${_name} PROPERTIES LABELS cuda-emulation)
+      if(NOT (_set STREQUAL "golden" AND _name IN_LIST SKEWADAM_FAST_RESUME_CASES))
+        skewadam_full_only(cuda-emulation/${_resume}.${_name})
+      endif()
     endif()
   endforeach()
 endforeach()

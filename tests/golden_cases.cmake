@@ -76,3 +76,11 @@ function(skewadam_in_tier set name list out)
     set(${out} FALSE PARENT_SCOPE)
   endif()
 endfunction()
+# skewadam_full_only(TEST...): tests that the fast tier does not register
+# (label full: the full tier's own, which CI runs on the fast tier's build
+# after the fast tier's tests, ctest -L full).
+function(skewadam_full_only)
+  if(ARGN)
+    set_property(TEST ${ARGN} APPEND PROPERTY LABELS full)
+  endif()
+endfunction()

@@ -8,4 +8,5 @@
 if(TARGET skewadam-bench)
   add_test(NAME skewadam-bench-smoke
            COMMAND ${SKEWADAM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/support/check_bench.py $<TARGET_FILE:skewadam-bench>)
+  skewadam_full_only(skewadam-bench-smoke)
 endif()

@@ -61,7 +61,7 @@ if(SKEWADAM_CUDA_EMULATION_TESTS AND TARGET skewadam_tooling AND SKEWADAM_FULL_T
   # their steps are those the other cases check bit for bit)
   add_test(NAME torch-adapter/device-engine-emulated
            COMMAND skewadam-torch-device-tests "--test-case-exclude=*training run*")
-  set_tests_properties(torch-adapter/device-engine-emulated PROPERTIES LABELS "torch;cuda-emulation"
+  set_tests_properties(torch-adapter/device-engine-emulated PROPERTIES LABELS "torch;cuda-emulation;full"
                        ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=passive")
 endif()
 
@@ -128,7 +128,7 @@ if(TARGET skewadam_warnings)
 endif()
 foreach(ranks 2 3 4)
   add_test(NAME torch-gloo/ranks-${ranks} COMMAND skewadam-torch-gloo-tests --ranks ${ranks})
-  set_tests_properties(torch-gloo/ranks-${ranks} PROPERTIES LABELS "torch;gloo" TIMEOUT 600
+  set_tests_properties(torch-gloo/ranks-${ranks} PROPERTIES LABELS "torch;gloo;full" TIMEOUT 600
                        ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=passive")
 endforeach()
 # The same adapter checks over the sharded device engine (the path of CUDA
@@ -137,6 +137,6 @@ foreach(ranks 2 3)
   add_test(NAME torch-gloo/ranks-${ranks}/device-engine-emulated
            COMMAND skewadam-torch-gloo-tests --ranks ${ranks} --device-engine)
   set_tests_properties(torch-gloo/ranks-${ranks}/device-engine-emulated PROPERTIES
-                       LABELS "torch;gloo;cuda-emulation" TIMEOUT 600
+                       LABELS "torch;gloo;cuda-emulation;full" TIMEOUT 600
                        ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=passive")
 endforeach()

@@ -1,12 +1,15 @@
-// Choosing the CPU kernel architecture at run time (backend/cpu/arch.hpp):
-// the levels this program can run, the names SKEWADAM_CPU_ARCH takes, and
-// the errors for names it cannot run.
+// Choosing the CPU kernel architecture (backend/cpu/arch.hpp): at run time
+// (this program defines SKEWADAM_RUNTIME_DISPATCH, as the project's tests do),
+// the levels it can run, the names SKEWADAM_CPU_ARCH takes, and the errors
+// for names it cannot run; fixed at compile time (NativeBackend, the default
+// without the macro), the widest level alone.
 
 #include <doctest/doctest.h>
 
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include <skewadam/skewadam.hpp>
 
@@ -64,6 +67,45 @@ TEST_CASE("a name that cannot run here is an error naming the variable and the c
                                              ": not compiled into this program (its compiler flags do not target "
                                              "it); available: " + choices);
   CHECK_THROWS_AS(visit_arch(foreign, []<class A>() { return 0; }), std::invalid_argument);
+}
+
+TEST_CASE("the backend of the widest compiled level runs it alone and refuses another named level") {
+  static_assert(std::is_same_v<backend::DefaultBackend, backend::DispatchBackend>,
+                "the project's tests choose the level at run time (SKEWADAM_RUNTIME_DISPATCH)");
+  static_assert(std::is_same_v<backend::NativeBackend::arch, widest_tag_t>);
+  CHECK(std::string(backend::NativeBackend::arch_name()) == tag_name(widest_compiled()));
+  CHECK(widest_compiled() == available_archs().front());  // (every compiled level runs on the machines that test)
+
+  // SKEWADAM_CPU_ARCH is read when a NativeBackend is built; the dispatching
+  // backend's choice is made once per process, before this test changes it.
+  (void)selected_arch();
+  const char* before = std::getenv("SKEWADAM_CPU_ARCH");
+  const std::string saved = before != nullptr ? before : "";
+  const auto restore = [&] {
+    if (before != nullptr) ::setenv("SKEWADAM_CPU_ARCH", saved.c_str(), 1);
+    else ::unsetenv("SKEWADAM_CPU_ARCH");
+  };
+  try {
+    ::setenv("SKEWADAM_CPU_ARCH", level_name(widest_compiled()), 1);
+    CHECK_NOTHROW(backend::NativeBackend{});
+    ::setenv("SKEWADAM_CPU_ARCH", "scalar", 1);
+    CHECK_THROWS_WITH_AS(backend::NativeBackend{},
+                         (std::string("SKEWADAM_CPU_ARCH=scalar: this program's CPU backend holds the ") +
+                          level_name(widest_compiled()) +
+                          " kernels alone (define SKEWADAM_RUNTIME_DISPATCH to choose the level at run time)")
+                             .c_str(),
+                         std::invalid_argument);
+    // (and an optimizer on it refuses it when it is built, before anything)
+    CHECK_THROWS_AS((Optimizer<SkewAdamTiers, backend::NativeBackend>(Hyperparameters{})), std::invalid_argument);
+    ::setenv("SKEWADAM_CPU_ARCH", "avx9000", 1);
+    CHECK_THROWS_WITH_AS(backend::NativeBackend{}, doctest::Contains("unknown CPU architecture"), std::invalid_argument);
+    ::unsetenv("SKEWADAM_CPU_ARCH");
+    CHECK_NOTHROW(backend::NativeBackend{});
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
 }
 
 }  // namespace test_cpu_arch
