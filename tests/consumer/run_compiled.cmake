@@ -7,14 +7,7 @@
 #   cmake -DSOURCE_DIR=... -DWORK_DIR=... -DGENERATOR=... -DCXX=... -DPKG_CONFIG=... -DNM=... -DVERSION=...
 #         -P run_compiled.cmake
 file(REMOVE_RECURSE ${WORK_DIR})
-function(run out_var)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
-                  OUTPUT_STRIP_TRAILING_WHITESPACE)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}\n${err}")
-  endif()
-  set(${out_var} "${out}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/run_command.cmake)
 function(no_kernels_in object)
   run(_symbols ${NM} -C --defined-only ${object})
   if(_symbols MATCHES "backend::cpu::Kernels<")

@@ -8,14 +8,7 @@ if(NOT PKG_CONFIG)
                       "scripts/install-deps installs)")
 endif()
 file(REMOVE_RECURSE ${WORK_DIR})
-function(run out_var)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
-                  OUTPUT_STRIP_TRAILING_WHITESPACE)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}\n${err}")
-  endif()
-  set(${out_var} "${out}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/run_command.cmake)
 
 run(_ ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/lib -G ${GENERATOR} -DSKEWADAM_BUILD_TESTS=OFF
     -DSKEWADAM_BUILD_TOOLS=OFF -DSKEWADAM_BUILD_EXAMPLES=OFF -DSKEWADAM_BUILD_BENCH=OFF -DSKEWADAM_BUILD_COMPILED=OFF
