@@ -1,10 +1,11 @@
 #pragma once
 // From run-time facts about a tensor to the compile-time types its kernels are
-// instantiated on: the rule its tier follows, its parameter and gradient
-// dtypes. The engine picks every backend's kernels through these functions.
+// instantiated on: the rule its tier follows, its parameter's dtype. The
+// front-end (Optimizer::add) picks a tensor's kernels through these functions,
+// both gradient dtypes' for its parameter dtype:
 //
-//   const Table* k = visit_rule<Tiers>(tier, rank1, [&]<class Rule>() {
-//     return visit_dtypes(param_dtype, grad_dtype, []<class P, class G>() { return table<Rule, P, G>(); });
+//   const auto k = visit_rule<Tiers>(tier, rank1, [&]<class Rule>() {
+//     return visit_dtype(param_dtype, []<class P>() { return pair{table<Rule, P, P>(), table<Rule, P, float>()}; });
 //   });
 //
 // Each visit instantiates its callable for every alternative: a caller that
@@ -45,22 +46,6 @@ decltype(auto) visit_dtype(Dtype d, F&& f) {
     case Dtype::f32: break;
   }
   return f.template operator()<float>();
-}
-
-/// Calls f.template operator()<P, G>() with the element types of a parameter
-/// of dtype p and its gradient of dtype g (f32, or p itself).
-template <class F>
-decltype(auto) visit_dtypes(Dtype p, Dtype g, F&& f) {
-  switch (p) {
-    case Dtype::bf16:
-      if (g == Dtype::f32) return f.template operator()<bf16, float>();
-      return f.template operator()<bf16, bf16>();
-    case Dtype::f16:
-      if (g == Dtype::f32) return f.template operator()<f16, float>();
-      return f.template operator()<f16, f16>();
-    case Dtype::f32: break;
-  }
-  return f.template operator()<float, float>();
 }
 
 }  // namespace skewadam
