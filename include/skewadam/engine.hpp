@@ -239,6 +239,38 @@ class Engine {
     settings_ = settings;
     backend_.prepare(items, settings);
     enqueue(policy);
+    if (open_ && !items.empty()) keep_verdict();
+  }
+
+  /// An optimizer step taken inside backward begins: from now on each
+  /// step()'s verdict under skip_step is kept (on the device, for a backend
+  /// that can fold it there: no wait) until open_verdicts() reads them.
+  void begin_open_step(NonFinitePolicy policy) {
+    open_ = policy == NonFinitePolicy::skip_step;
+    open_host_ = OpenVerdicts{};
+    open_on_device_ = false;
+    if constexpr (folds_verdicts) {
+      if (open_ && !Placement::sharded) {
+        [[maybe_unused]] const auto on = backend_.on_device();
+        backend_.begin_verdicts();
+        open_on_device_ = true;
+      }
+    }
+  }
+  /// The verdicts kept since begin_open_step() (one wait for a device), and
+  /// the end of keeping them.
+  OpenVerdicts open_verdicts() {
+    OpenVerdicts v = open_host_;
+    if constexpr (folds_verdicts) {
+      if (open_on_device_) {
+        [[maybe_unused]] const auto on = backend_.on_device();
+        v = backend_.read_verdicts();
+      }
+    }
+    open_ = false;
+    open_on_device_ = false;
+    open_host_ = OpenVerdicts{};
+    return v;
   }
 
   /// The last step's first offender, when it was rejected (may wait for a device).
@@ -312,6 +344,27 @@ class Engine {
                          t.split.first_element(t.pieces.front()), false));
     }
     return out;
+  }
+
+  /// A backend that keeps the verdicts of an open step on its device.
+  static constexpr bool folds_verdicts = requires(Backend& b) {
+    b.begin_verdicts();
+    b.fold_verdict();
+    { b.read_verdicts() } -> std::same_as<OpenVerdicts>;
+  };
+
+  /// The verdict of the step just enqueued, into the open step's.
+  void keep_verdict() {
+    if constexpr (folds_verdicts) {
+      if (open_on_device_) {
+        backend_.fold_verdict();
+        return;
+      }
+    }
+    if (const std::optional<Offender> bad = outcome()) {
+      if (!open_host_.first) open_host_.first = bad;
+      ++open_host_.skipped;
+    }
   }
 
   void begin_step(std::span<const StepItem> items) {
@@ -427,6 +480,10 @@ class Engine {
   std::optional<double> norm_sq_;
   index_t exchanged_ = 0;
   std::vector<double> wire_, matrix_sums_;
+  // an optimizer step taken inside backward (begin_open_step)
+  bool open_ = false;            ///< keeping its verdicts
+  bool open_on_device_ = false;  ///< on the backend's device
+  OpenVerdicts open_host_;
 };
 
 }  // namespace skewadam

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 
 #include "config.hpp"
 #include "hyperparameters.hpp"
@@ -61,6 +62,14 @@ struct Offender {
   index_t index = -1;    ///< the tensor
   index_t element = -1;  ///< flat index of its first offending element
   float value = 0;       ///< that element after global-norm scaling
+};
+
+/// The verdicts of an optimizer step taken inside backward, one tensor at a
+/// time: the first tensor skipped for a non-finite gradient, in the order
+/// they were stepped, and how many were.
+struct OpenVerdicts {
+  std::optional<Offender> first;
+  index_t skipped = 0;
 };
 
 /// Why a captured step cannot replay.

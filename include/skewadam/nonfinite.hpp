@@ -29,12 +29,14 @@
 // How a CPU step detects it at almost no cost: backend/cpu/cpu_backend.hpp.
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "config.hpp"
 #include "param_state.hpp"
@@ -98,7 +100,25 @@ struct StepReport {
   /// offends, as the others are already updated; applied is then false and
   /// nonfinite names the first of them. 0 for a whole step.
   index_t skipped = 0;
+  /// A step taken inside backward whose backward ended early (an exception
+  /// part way; finish_step(StepEnd::interrupted)). Its stepped tensors stay
+  /// stepped and it counts as a step; not_stepped names what it left alone.
+  bool interrupted = false;
+  /// Tensors the step took (updated, or skipped alone for a non-finite
+  /// gradient); of a whole step, those that had a gradient.
+  index_t stepped = 0;
+  /// A step taken inside backward: the registered parameters it did not
+  /// step (no gradient reached them, as an idle expert's, or the backward
+  /// that would have was cut off), in registration order. Empty for a whole
+  /// step.
+  std::vector<std::string> not_stepped;
   explicit operator bool() const noexcept { return applied; }
+};
+
+/// How an optimizer step taken inside backward ends (Optimizer::finish_step).
+enum class StepEnd : std::uint8_t {
+  completed,    ///< backward ran to its end
+  interrupted,  ///< backward raised part way; what it stepped stays stepped
 };
 
 /// Thrown by step() under NonFinitePolicy::raise; nothing has changed.

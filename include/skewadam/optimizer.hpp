@@ -364,6 +364,7 @@ class OptimizerBase : public TierSettings {
     if (!last_known_) {
       const std::optional<Offender> bad = engine_.outcome();
       last_ = StepReport{};
+      last_.stepped = last_stepped_;
       if (bad) {
         last_.applied = false;
         last_.nonfinite = describe(*bad);
@@ -391,8 +392,9 @@ class OptimizerBase : public TierSettings {
   /// gradient, state and count, so every rule gives the whole step's bits.
   ///
   /// What needs every gradient of the step is refused (std::invalid_argument,
-  /// nothing changes): max_grad_norm and a pending clip_grad_norm() scale,
-  /// the global gradient norm. The rules' own update clipping is per tensor
+  /// nothing changes; check_step_inside_backward() says it up front):
+  /// max_grad_norm and a pending clip_grad_norm() scale, the global gradient
+  /// norm. The rules' own update clipping is per tensor
   /// and is unchanged. Non-finite gradients are handled tensor by tensor
   /// (nonfinite.hpp): under skip_step the offending tensor alone is skipped,
   /// and finish_step() reports it; under raise this call throws and the
@@ -401,71 +403,90 @@ class OptimizerBase : public TierSettings {
   /// (std::logic_error). Sharded: collective; every rank steps the same
   /// parameters in the same order, and a cut matrix's exchanges happen within
   /// its own call. On a device backend the call does not wait for the device
-  /// (under skip_step, the next call reads the previous tensor's verdict).
+  /// under skip_step or unchecked: the tensors' verdicts stay on the device
+  /// until finish_step() reads them, once.
   void step(ParamId id) {
     const std::size_t i = index_of(id);
     const Entry& e = entries_[i];
-    if (max_grad_norm_ > 0)
-      throw std::invalid_argument(
-          "max_grad_norm: global gradient-norm clipping needs every gradient of the step, which a step inside "
-          "backward (step(ParamId)) does not wait for; set it to 0, or use the whole step()");
-    if (grad_scale_ != 1.0)
-      throw std::invalid_argument(
-          "clip_grad_norm: its scale needs every gradient of the step, which a step inside backward "
-          "(step(ParamId)) does not wait for; use the whole step()");
+    check_step_inside_backward();
     if (!e.grad.present())
       throw std::invalid_argument("grad of '" + e.name + "': absent (set_grad() before step(ParamId))");
     if (open_ && open_stepped_[i])
       throw std::invalid_argument("param '" + e.name +
-                                  "': already stepped in this optimizer step (finish_step() ends it)");
+                                  "': already stepped in this optimizer step (a parameter is stepped once per "
+                                  "step inside backward; finish_step() ends it)");
     if (!open_) (void)last_step();  // the previous step's report, before this step replaces the engine's
-    resolve_open();
     // the open step's number (steps() does not count it until finish_step())
     std::optional<std::int64_t> number = open_ ? open_number_ : std::nullopt;
     if (has_schedule() && !number) number = steps() + 1;
     StepSettings st = settings(hyperparameters_at(has_schedule() ? *number : 0));
     st.counts_step = false;
+    if (!open_) engine_.begin_open_step(nonfinite_);
     if (e.param.numel() > 0) {
       const StepItem one = item(i);
       engine_.step(std::span<const StepItem>(&one, 1), nonfinite_, st);
       counts_known_ = false;
-      open_pending_ = nonfinite_ != NonFinitePolicy::unchecked;
     }
     if (!open_) {  // opened once something has been stepped
       open_stepped_.assign(entries_.size(), 0);
-      open_first_.reset();
-      open_skipped_ = 0;
       open_ = true;
     }
     open_number_ = number;
     open_settings_ = st;
     open_stepped_[i] = 1;
-    if (nonfinite_ == NonFinitePolicy::raise || Backend::host_memory) resolve_open();
+    if (nonfinite_ == NonFinitePolicy::raise && e.param.numel() > 0) {
+      if (const std::optional<Offender> bad = engine_.outcome()) {
+        open_stepped_[i] = 0;  // unchanged: it may be stepped again
+        throw NonFiniteGradientError(describe(*bad));
+      }
+    }
+  }
+
+  /// Throws what step(ParamId) would refuse whatever the parameter: the
+  /// settings that need every gradient of the step (max_grad_norm, a pending
+  /// clip_grad_norm() scale). A framework calls it when the step inside
+  /// backward is turned on, before any backward.
+  void check_step_inside_backward() const {
+    if (max_grad_norm_ > 0)
+      throw std::invalid_argument(
+          "max_grad_norm: global gradient-norm clipping needs every gradient of the step, which the step inside "
+          "backward does not wait for; set it to 0, or step after backward");
+    if (grad_scale_ != 1.0)
+      throw std::invalid_argument(
+          "clip_grad_norm: its scale needs every gradient of the step, which the step inside backward does not "
+          "wait for; clip with the step after backward");
   }
 
   /// Ends the optimizer step that step(ParamId) opened: counts it (steps()
   /// advances by one, the lr schedule moves on) and returns its report, which
   /// last_step() gives from now on: applied unless a tensor was skipped for a
-  /// non-finite gradient, with the first such tensor and their number.
+  /// non-finite gradient, with the first such tensor and their number; the
+  /// tensors it stepped and the parameters it did not. `how`: whether
+  /// backward ran to its end, or raised part way (StepEnd::interrupted: the
+  /// tensors stepped before stay stepped, and the report says it was cut
+  /// short). On a device backend it reads the tensors' verdicts (waits).
   /// Sharded: collective. std::logic_error when no step is open.
-  StepReport finish_step() {
+  StepReport finish_step(StepEnd how = StepEnd::completed) {
     if (!open_) throw std::logic_error("finish_step: no step is open (step(ParamId) opens one)");
-    resolve_open();
+    const OpenVerdicts v = engine_.open_verdicts();
     StepSettings st = open_settings_;
     st.counts_step = true;
     engine_.step(std::span<const StepItem>(), NonFinitePolicy::unchecked, st);
     counts_known_ = false;
     last_ = StepReport{};
-    if (open_first_) {
+    if (v.first) {
       last_.applied = false;
-      last_.nonfinite = std::move(open_first_);
-      last_.skipped = open_skipped_;
+      last_.nonfinite = describe(*v.first);
+      last_.skipped = v.skipped;
+    }
+    last_.interrupted = how == StepEnd::interrupted;
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      if (open_stepped_[i]) ++last_.stepped;
+      else last_.not_stepped.push_back(entries_[i].name);
     }
     last_known_ = true;
     open_ = false;
     open_number_.reset();
-    open_first_.reset();
-    open_skipped_ = 0;
     return last_;
   }
   /// Whether step(ParamId) has opened an optimizer step that finish_step()
@@ -650,21 +671,6 @@ class OptimizerBase : public TierSettings {
     mutable std::int64_t step = 0;   ///< updates received (once refresh_counts())
   };
 
-  /// The last step(ParamId)'s verdict, once (may wait for a device): a
-  /// skipped tensor is counted and the first one kept; under raise, throws.
-  void resolve_open() {
-    if (!open_pending_) return;
-    open_pending_ = false;
-    const std::optional<Offender> bad = engine_.outcome();
-    if (!bad) return;
-    if (nonfinite_ == NonFinitePolicy::raise) {
-      open_stepped_[static_cast<std::size_t>(bad->index)] = 0;  // unchanged: it may be stepped again
-      throw NonFiniteGradientError(describe(*bad));
-    }
-    if (!open_first_) open_first_ = describe(*bad);
-    ++open_skipped_;
-  }
-
   /// Reads the counts from the engine once they may have changed.
   void refresh_counts() const {
     if (counts_known_) return;
@@ -675,6 +681,7 @@ class OptimizerBase : public TierSettings {
   }
   /// After a step or replay was enqueued.
   void stepped() noexcept {
+    last_stepped_ = static_cast<index_t>(items_.size());
     counts_known_ = false;
     last_known_ = false;
     grad_scale_ = 1.0;
@@ -783,6 +790,7 @@ class OptimizerBase : public TierSettings {
   mutable bool counts_known_ = true;
   mutable StepReport last_;
   mutable bool last_known_ = true;
+  index_t last_stepped_ = 0;  ///< tensors the last whole step took
   double grad_scale_ = 1.0;
   NonFinitePolicy nonfinite_ = NonFinitePolicy::skip_step;
   double max_grad_norm_ = 0;
@@ -795,9 +803,6 @@ class OptimizerBase : public TierSettings {
   std::optional<std::int64_t> open_number_;  ///< its number, for the lr schedule
   std::vector<char> open_stepped_;           ///< by ParamId: stepped in it
   StepSettings open_settings_{};
-  bool open_pending_ = false;                ///< the last tensor's verdict is still with the engine
-  std::optional<NonFiniteGradient> open_first_;
-  index_t open_skipped_ = 0;
 };
 
 /// The optimizer: OptimizerBase (every member above) with the rules Tiers

@@ -90,6 +90,51 @@ TEST_CASE("device counts: step() waits for nothing, counts and the report are re
   }
 }
 
+TEST_CASE("device counts: inside backward, no wait until finish_step(), which reads every verdict once") {
+  // each tensor stepped alone, in backward's order, one of them non-finite:
+  // nothing waits for the device until finish_step(), whose report names
+  // the skipped tensor; the bits are the whole step's without that tensor.
+  // (The first step sorts the tensors by their gradients' dtypes, once.)
+  fixture::Model a = fixture::Model::make(Dtype::bf16, /*large=*/false), b = a;
+  Emulated inside(hyper(), {.seed = 7, .stream = a_stream});
+  Emulated whole(hyper(), {.seed = 7, .stream = a_stream});
+  const auto ia = a.register_with(inside);
+  const auto ib = b.register_with(whole);
+  set_all(a, inside, ia);
+  set_all(b, whole, ib);
+  for (std::int64_t t = 1; t <= 4; ++t) {
+    CAPTURE(t);
+    fill(a, t);
+    fill(b, t);
+    const std::size_t bad = 2;
+    const bool first = t == 1;
+    if (t == 3) {
+      poke(a.tensors[bad], 5, std::numeric_limits<float>::infinity());
+      whole.clear_grad(ib[bad]);
+    }
+    long before = emu::Runtime::waits();
+    for (std::size_t k = a.tensors.size(); k-- > 0;) inside.step(ia[k]);
+    if (!first) CHECK(emu::Runtime::waits() == before);
+    before = emu::Runtime::waits();
+    const StepReport r = inside.finish_step();
+    CHECK(emu::Runtime::waits() == before + 1);
+    whole.step();
+    if (t == 3) whole.set_grad(ib[bad], b.tensors[bad].grad());
+    CHECK(r.applied == (t != 3));
+    CHECK(r.skipped == (t == 3 ? 1 : 0));
+    CHECK(r.stepped == static_cast<index_t>(a.tensors.size()));
+    CHECK(r.not_stepped.empty());
+    if (t == 3) {
+      REQUIRE(r.nonfinite.has_value());
+      CHECK(r.nonfinite->name == a.tensors[bad].name);
+      CHECK(r.nonfinite->element == 5);
+      CHECK(inside.step_count(ia[bad]) == 2);
+    }
+    CHECK(fixture::Snapshot::take(a, inside) == fixture::Snapshot::take(b, whole));
+  }
+  CHECK(inside.steps() == 4);
+}
+
 TEST_CASE("device counts: a captured step replays as ordinary steps do, bit for bit") {
   fixture::Model a = fixture::Model::make(Dtype::bf16), b = a;
   Emulated stepped(hyper(), {.seed = 99, .stream = a_stream});

@@ -659,9 +659,11 @@ TEST_CASE_TEMPLATE("contract: the step inside backward refuses what needs every 
   constexpr std::invalid_argument* bad_argument = nullptr;
   constexpr std::logic_error* bad_state = nullptr;
   opt->set_max_grad_norm(1.0);
+  refused([&] { opt->check_step_inside_backward(); }, "max_grad_norm", bad_argument);
   refused([&] { opt->step(ids[0]); }, "max_grad_norm", bad_argument);
   opt->set_max_grad_norm(0);
   (void)opt->clip_grad_norm(1e-3);
+  refused([&] { opt->check_step_inside_backward(); }, "clip_grad_norm", bad_argument);
   refused([&] { opt->step(ids[0]); }, "clip_grad_norm", bad_argument);
   CHECK_FALSE(opt->step_open());
   CHECK(Observed::take(m, *opt) == before);
@@ -681,10 +683,76 @@ TEST_CASE_TEMPLATE("contract: the step inside backward refuses what needs every 
   refused([&] { (void)opt->export_state(); }, "export_state", bad_state);
   refused([&] { Config::save(*opt, scratch_file("open.ckpt")); }, "save_checkpoint", bad_state);
   CHECK(opt->steps() == 3);
+  opt->check_step_inside_backward();  // nothing refused now
   CHECK(opt->finish_step().applied);
   CHECK(opt->steps() == 4);
   CHECK(opt->step_count(ids[1]) == 4);
   CHECK(opt->step_count(ids[0]) == 3);
+}
+
+TEST_CASE_TEMPLATE("contract: a step inside backward cut short ends with a report, and training goes on", Config,
+                   SKEWADAM_CONTRACT_CONFIGURATIONS) {
+  INFO("configuration: ", Config::name);
+  // backward raises after three tensors: what they got stays, the step counts,
+  // the report names what was left, and the next steps are the whole step's
+  // (the whole run: the same step with only those three gradients)
+  for (NonFinitePolicy policy : {NonFinitePolicy::skip_step, NonFinitePolicy::raise}) {
+    INFO("policy ", nonfinite_policy_name(policy));
+    fixture::Model a = fixture::Model::make(Dtype::bf16, /*large=*/false), b = a;
+    auto inside = make<Config>(policy);
+    auto whole = make<Config>(policy);
+    const auto ia = a.register_with(*inside);
+    const auto ib = b.register_with(*whole);
+    (void)step_in_backward(a, *inside, ia, 1);
+    b.train(*whole, ib, 0, 1);
+    const std::size_t n = a.tensors.size();
+    std::vector<std::string> left;
+    for (std::size_t k = 0; k + 3 < n; ++k) left.push_back(a.tensors[k].name);
+    for (std::size_t k = n; k-- > n - 3;) {
+      a.tensors[k].fill_grad(k + 1, 2);
+      inside->set_grad(ia[k], a.tensors[k].grad());
+      inside->step(ia[k]);
+      inside->clear_grad(ia[k]);
+    }
+    CHECK(inside->step_open());
+    const StepReport r = inside->finish_step(StepEnd::interrupted);
+    CHECK(r.interrupted);
+    CHECK(r.applied);
+    CHECK(r.stepped == 3);
+    CHECK(r.not_stepped == left);
+    CHECK(inside->last_step().interrupted);
+    CHECK_FALSE(inside->step_open());
+    CHECK(inside->steps() == 2);
+    CHECK(inside->step_count(ia[n - 1]) == 2);
+    CHECK(inside->step_count(ia[0]) == 1);
+    for (std::size_t k = 0; k < n; ++k) {
+      whole->clear_grad(ib[k]);
+      if (k + 3 >= n) {
+        b.tensors[k].fill_grad(k + 1, 2);
+        whole->set_grad(ib[k], b.tensors[k].grad());
+      }
+    }
+    whole->step();
+    CHECK_FALSE(whole->last_step().interrupted);
+    CHECK(whole->last_step().stepped == 3);
+    CHECK(Observed::take(a, *inside) == Observed::take(b, *whole));
+    // training goes on: a whole step, then a step inside backward
+    a.train(*inside, ia, 2, 3);
+    b.train(*whole, ib, 2, 3);
+    const StepReport next = step_in_backward(a, *inside, ia, 4);
+    CHECK_FALSE(next.interrupted);
+    b.train(*whole, ib, 3, 4);
+    CHECK(Observed::take(a, *inside) == Observed::take(b, *whole));
+    // an idle tensor (no gradient at step 5) is reported as not stepped
+    const StepReport idle = step_in_backward(a, *inside, ia, 5);
+    b.train(*whole, ib, 4, 5);
+    std::vector<std::string> idle_names;
+    for (const fixture::Tensor& x : a.tensors)
+      if (5 % x.grad_every != 0) idle_names.push_back(x.name);
+    CHECK(idle.not_stepped == idle_names);
+    CHECK(idle.stepped == static_cast<index_t>(n - idle_names.size()));
+    CHECK(Observed::take(a, *inside) == Observed::take(b, *whole));
+  }
 }
 
 }  // namespace skewadam::contract

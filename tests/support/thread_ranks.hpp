@@ -131,6 +131,7 @@ class ThreadRanks {
   SKEWADAM_THREAD_RANKS_FORWARD(grad)
   SKEWADAM_THREAD_RANKS_FORWARD(step_open)
   SKEWADAM_THREAD_RANKS_FORWARD(stepped_in_open_step)
+  SKEWADAM_THREAD_RANKS_FORWARD(check_step_inside_backward)
   SKEWADAM_THREAD_RANKS_FORWARD(step_count)
   SKEWADAM_THREAD_RANKS_FORWARD(steps)
   SKEWADAM_THREAD_RANKS_FORWARD(last_step)
@@ -163,8 +164,8 @@ class ThreadRanks {
       o.gather_param(id);
     });
   }
-  StepReport finish_step() {
-    return all([](Rank& o, int) { return o.finish_step(); });
+  StepReport finish_step(StepEnd how = StepEnd::completed) {
+    return all([&](Rank& o, int) { return o.finish_step(how); });
   }
 
   /// The state every rank holds, summed (total, or one tier's).

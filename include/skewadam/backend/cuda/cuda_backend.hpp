@@ -114,6 +114,7 @@ class CudaBackend {
     const cuda::DeviceScope<R> on(device_);
     control_d_ = array<cuda::StepControl>(1);
     outcome_ = array<cuda::CheckOutcome>(1);
+    open_outcome_ = array<cuda::OpenOutcome>(1);
     norm_sq_ = array<double>(1);
     tables_ = build_tables({0});
     R::zero(outcome_.data(), outcome_.bytes(), stream_);
@@ -132,6 +133,7 @@ class CudaBackend {
       undo_ = Tables{};
       control_d_.reset();
       outcome_.reset();
+      open_outcome_.reset();
       norm_sq_.reset();
       workspace_.reset();
     } catch (...) {  // a destructor reports nothing; the memory is freed regardless
@@ -317,7 +319,7 @@ class CudaBackend {
   /// tables (those of the last registration's undo included) and the
   /// statistics workspace the groups share.
   index_t scratch_bytes() const noexcept {
-    std::size_t b = control_d_.bytes() + outcome_.bytes() + norm_sq_.bytes() + workspace_.bytes();
+    std::size_t b = control_d_.bytes() + outcome_.bytes() + open_outcome_.bytes() + norm_sq_.bytes() + workspace_.bytes();
     for (const Tensor& e : tensors_) b += e.scratch_f.bytes() + e.scratch_d.bytes() + e.done.bytes();
     for (const Tables* t : {&tables_, &undo_}) {
       b += t->d_tasks.bytes() + t->d_steps.bytes() + t->counts.bytes() + t->d_stepped.bytes() +
@@ -449,6 +451,26 @@ class CudaBackend {
                                                  static_cast<const cuda::CheckOutcome*>(outcome_.data()),
                                                  counts_step_ ? 1 : 0);
   }
+  /// The step inside backward: its tensors' verdicts folded on the device
+  /// (fold_verdict after each one's step), read once by read_verdicts().
+  void begin_verdicts() {
+    R::zero(open_outcome_.data(), open_outcome_.bytes(), stream_);
+  }
+  void fold_verdict() {
+    R::template launch<&cuda::fold_verdict_kernel<>>(1u, 1u, stream_,
+                                                     static_cast<const cuda::CheckOutcome*>(outcome_.data()),
+                                                     static_cast<const DeviceTask*>(tables_.d_tasks.data()),
+                                                     open_outcome_.data());
+  }
+  OpenVerdicts read_verdicts() const {
+    cuda::OpenOutcome out;
+    R::to_host(&out, open_outcome_.data(), sizeof out, stream_);
+    OpenVerdicts v;
+    v.skipped = out.skipped;
+    if (out.skipped > 0) v.first = Offender{out.tensor, out.element, out.value};
+    return v;
+  }
+
   /// The last step's first offender, when it was rejected; waits for the device.
   std::optional<Offender> outcome() const {
     cuda::CheckOutcome out;
@@ -755,6 +777,7 @@ class CudaBackend {
   bool control_uploaded_ = false;
   bool counts_step_ = true;  ///< the step being enqueued advances the optimizer count (StepSettings::counts_step)
   Array<cuda::CheckOutcome> outcome_;
+  Array<cuda::OpenOutcome> open_outcome_;  ///< the step inside backward's verdicts (begin_verdicts)
   Array<double> norm_sq_;  ///< the last clipping step's sum of g^2
   Array<double> workspace_;  ///< the statistics passes' column partials (fit_workspace)
   const double* lr_device_ = nullptr;

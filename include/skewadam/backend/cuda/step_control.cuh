@@ -14,6 +14,9 @@
 //   begin_step_kernel  each stepped piece's scalars and rounding key from its
 //                      tensor's own count t + 1 (make_step_scalars, the
 //                      host's formula); clears the skip flags and the outcome
+//   fold_verdict_kernel  the step inside backward: each tensor's outcome
+//                      folded into the open step's (OpenOutcome), read once
+//                      when the step ends
 //   end_step_kernel    unless the step was rejected (the outcome decide_kernel
 //                      wrote), every stepped tensor's count and the
 //                      optimizer's advance by one (the optimizer's only
@@ -78,6 +81,28 @@ __global__ void end_step_kernel(const int* stepped, std::int64_t* counts, int n,
   for (int k = static_cast<int>(threadIdx.x); k < n; k += static_cast<int>(blockDim.x))
     if (stepped[k]) ++counts[k];
   if (threadIdx.x == 0 && counts_step) ++counts[n];
+}
+
+/// The verdicts of an optimizer step taken inside backward, one tensor per
+/// step, kept on the device until the step ends (Engine::open_verdicts).
+struct OpenOutcome {
+  std::int32_t skipped = 0;  ///< tensors skipped for a non-finite gradient
+  std::int32_t tensor = -1;  ///< the first of them
+  index_t element = -1;      ///< its first offending element, flat in the tensor
+  float value = 0;
+};
+
+/// Adds the outcome of the step just enqueued to the open step's.
+template <int = 0>
+__global__ void fold_verdict_kernel(const CheckOutcome* outcome, const DeviceTask* tasks, OpenOutcome* open) {
+  if (threadIdx.x != 0 || !outcome->bad) return;
+  if (open->skipped == 0) {
+    const DeviceTask& t = tasks[outcome->task];
+    open->tensor = t.tensor;
+    open->element = t.element_base + outcome->element;
+    open->value = outcome->value;
+  }
+  ++open->skipped;
 }
 
 }  // namespace skewadam::backend::cuda
