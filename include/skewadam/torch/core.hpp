@@ -58,8 +58,11 @@ class Core {
   /// one parameter now, with its gradient set; sharded, every rank then holds
   /// its complete updated values.
   virtual void step(ParamId id) = 0;
-  virtual StepReport finish_step() = 0;
+  virtual StepReport finish_step(StepEnd how) = 0;
   virtual bool step_open() const noexcept = 0;
+  virtual bool stepped_in_open_step(ParamId id) const = 0;
+  /// What every step inside backward would refuse (max_grad_norm...).
+  virtual void check_step_inside_backward() const = 0;
   virtual std::int64_t step_count(ParamId id) const = 0;
   virtual std::int64_t steps() const = 0;
   /// The state arrays this process keeps of a parameter (in device memory
@@ -125,8 +128,10 @@ class CoreOf : public Core {
     opt_.step(id);
     if constexpr (Opt::sharded) opt_.gather_param(id);
   }
-  StepReport finish_step() override { return opt_.finish_step(); }
+  StepReport finish_step(StepEnd how) override { return opt_.finish_step(how); }
   bool step_open() const noexcept override { return opt_.step_open(); }
+  bool stepped_in_open_step(ParamId id) const override { return opt_.stepped_in_open_step(id); }
+  void check_step_inside_backward() const override { opt_.check_step_inside_backward(); }
   std::int64_t step_count(ParamId id) const override { return opt_.step_count(id); }
   std::int64_t steps() const override { return opt_.steps(); }
   ParamStateView state(ParamId id) const override {

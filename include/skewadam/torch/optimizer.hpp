@@ -73,6 +73,7 @@
 // (the library's optimizer behind one interface), this file (the class).
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -108,6 +109,7 @@
 #include "../state_layout.hpp"
 #include "../tensor_view.hpp"
 #include "../tier.hpp"
+#include "backward_pass.hpp"
 #include "../tier_assignment.hpp"
 #include "../tier_rules.hpp"
 #include "../tier_table.hpp"
@@ -213,18 +215,25 @@ class OptimizerBase : public ::torch::optim::Optimizer {
   /// After step_in_backward(), backward has already stepped each parameter
   /// whose gradient it completed; step() then steps those that still hold a
   /// gradient (set by hand) and ends the optimizer step (finish_step). The
-  /// same holds after step_parameter().
+  /// same holds after step_parameter(). After a backward that raised part
+  /// way, step() only ends the step it opened (last_step().interrupted): the
+  /// gradients that backward left are not stepped (zero_grad() drops them).
   at::Tensor step(LossClosure closure = nullptr) override {
     at::Tensor loss;
     if (closure) {
       at::AutoGradMode enable_grad(true);
       loss = closure();
     }
-    if (!hooks_.empty() || core_->step_open()) {
+    if (passes_.cut()) {
+      close_open_step();
+      return loss;
+    }
+    if (in_backward_ || core_->step_open()) {
       for (std::size_t i = 0; i < params_.size(); ++i)
-        if (params_[i].tensor.grad().defined()) step_one(i);
+        if (params_[i].tensor.grad().defined() && !(core_->step_open() && core_->stepped_in_open_step(params_[i].id)))
+          step_one(i);
       if (core_->step_open()) {
-        (void)core_->finish_step();
+        (void)core_->finish_step(StepEnd::completed);
         return loss;
       }
     }
@@ -253,27 +262,46 @@ class OptimizerBase : public ::torch::optim::Optimizer {
   /// backward has completed its gradient, and then frees the gradient, so
   /// that no more than a few gradients are alive at once instead of all of
   /// them. step() after backward ends the optimizer step. The bits are those
-  /// of the plain step(). What needs every gradient is refused when the first
-  /// hook runs, with the core's message (max_grad_norm, the global norm), and
-  /// non-finite gradients skip their own tensor alone (last_step() after
-  /// step() names the first and counts them). Gradients are not accumulated
-  /// over several backward passes in this mode: each backward steps. on =
-  /// false removes the hooks.
+  /// of the plain step().
+  ///
+  /// - What needs every gradient is refused here, up front
+  ///   (std::invalid_argument: max_grad_norm, a pending clip scale), and a
+  ///   parameter another optimizer already steps inside backward.
+  /// - Frozen parameters (requires_grad false) are left alone, as torch's
+  ///   optimizers leave them.
+  /// - Non-finite gradients skip their own tensor alone (last_step() after
+  ///   step() names the first and counts them); under NonFinitePolicy::raise
+  ///   the hook throws out of backward, and the offending gradient is freed
+  ///   with the others it consumed.
+  /// - A backward that raises part way (out of memory, a failing function)
+  ///   leaves stepped what it stepped: zero_grad(), step() or the next
+  ///   backward's first hook ends that optimizer step, whose report says so
+  ///   (StepReport::interrupted, stepped, not_stepped). Training goes on.
+  /// - Gradients are not accumulated over several backward passes in this
+  ///   mode: each backward steps what it reaches. A second backward before
+  ///   step() is refused by its first hook (std::logic_error), before it
+  ///   changes anything.
+  ///
+  /// on = false removes the hooks (so does the destructor).
   void step_in_backward(bool on = true) {
     if (!on) {
       remove_backward_hooks();
       return;
     }
-    if (!hooks_.empty()) return;
+    if (in_backward_) return;
+    core_->check_step_inside_backward();
     std::vector<Hook> added;
     try {
       for (std::size_t i = 0; i < params_.size(); ++i) {
         const at::Tensor& t = params_[i].tensor;
-        if (!t.requires_grad())
-          throw std::invalid_argument("parameter '" + params_[i].name +
-                                      "': does not require a gradient, so backward never completes one");
+        if (!t.requires_grad()) continue;  // frozen: backward never completes a gradient
         std::shared_ptr<::torch::autograd::Node> acc = ::torch::autograd::impl::grad_accumulator(t);
         if (!acc) throw std::invalid_argument("parameter '" + params_[i].name + "': not a leaf tensor");
+        for (const auto& h : acc->post_hooks())
+          if (const auto* other = dynamic_cast<const BackwardHook*>(h.get()); other != nullptr && other->owner != this)
+            throw std::invalid_argument("parameter '" + params_[i].name +
+                                        "': another optimizer already steps it inside backward (turn that one's "
+                                        "step inside backward off, or destroy it, first)");
         const std::uintptr_t key = acc->add_post_hook(std::make_unique<BackwardHook>(this, i));
         added.push_back(Hook{std::move(acc), key});
       }
@@ -282,13 +310,40 @@ class OptimizerBase : public ::torch::optim::Optimizer {
       throw;
     }
     hooks_ = std::move(added);
+    in_backward_ = true;
   }
-  /// Whether step_in_backward() hooks are installed.
-  bool steps_in_backward() const noexcept { return !hooks_.empty(); }
+  /// Whether the step inside backward is on (step_in_backward()).
+  bool steps_in_backward() const noexcept { return in_backward_; }
   /// What a step_in_backward() hook does, for a hook of the caller's own (the
   /// Python package's): steps the named parameter now with its gradient,
   /// which it then frees; step() ends the optimizer step.
-  void step_parameter(const std::string& name) { step_one(index_of(name)); }
+  void step_parameter(const std::string& name) { backward_hook(index_of(name)); }
+
+  /// Ends an optimizer step that a step inside backward left open (as
+  /// zero_grad() does before it zeroes): as cut short when the last backward
+  /// raised part way, else as completed. last_step() then reports it.
+  void end_open_step() { close_open_step(); }
+  /// Throws what the step inside backward would refuse whatever the
+  /// parameter (max_grad_norm, a pending clip scale), as step_in_backward().
+  void check_step_inside_backward() const { core_->check_step_inside_backward(); }
+
+  /// Zeroes the gradients (set_to_none: frees them), as torch's zero_grad,
+  /// after ending an optimizer step that a step inside backward left open:
+  /// one cut short by an exception (its report says so), or one whose step()
+  /// was not called.
+  void zero_grad(bool set_to_none = true) {
+    end_open_step();
+    for (auto& group : param_groups())
+      for (auto& p : group.params()) {
+        if (!p.mutable_grad().defined()) continue;
+        if (set_to_none) {
+          p.mutable_grad().reset();
+        } else {
+          p.mutable_grad().detach_();
+          p.mutable_grad().zero_();
+        }
+      }
+  }
 
   /// What the last step() did: applied, or skipped for a non-finite gradient
   /// (which one, where) under NonFinitePolicy::skip_step. On a device it
@@ -385,6 +440,7 @@ class OptimizerBase : public ::torch::optim::Optimizer {
   /// Sharded: only on rank 0, after consolidate_checkpoint() (and no step
   /// since); elsewhere it throws std::logic_error and writes nothing.
   void save(::torch::serialize::OutputArchive& archive) const override {
+    check_no_open_step("save");
     check_groups();
     std::vector<std::byte> local;
     const std::vector<std::byte>* source = &local;
@@ -407,6 +463,7 @@ class OptimizerBase : public ::torch::optim::Optimizer {
   /// param groups' hyperparameters; parameters in registration order
   /// (names()). Sharded: collective, every rank receives all of it.
   OptimizerState export_state() const {
+    check_no_open_step("export_state");
     push_groups();
     return core_->export_state();
   }
@@ -419,6 +476,7 @@ class OptimizerBase : public ::torch::optim::Optimizer {
   /// view the optimizer's state. Sharded: collective, every rank passes the
   /// same state.
   void import_state(OptimizerState state) {
+    check_no_open_step("import_state");
     check_groups();
     core_->import_state(std::move(state));
     state_replaced();
@@ -427,6 +485,7 @@ class OptimizerBase : public ::torch::optim::Optimizer {
   /// Sharded: gathers the complete checkpoint onto rank 0 for save()
   /// (collective; the other ranks keep nothing). Unsharded: nothing to do.
   void consolidate_checkpoint() {
+    check_no_open_step("consolidate_checkpoint");
     if (!sharded()) return;
     push_groups();
     std::vector<std::byte> bytes = core_->checkpoint();
@@ -442,6 +501,7 @@ class OptimizerBase : public ::torch::optim::Optimizer {
   /// state. Sharded: collective, every rank loads the same archive (rank
   /// 0's) and keeps its share.
   void load(::torch::serialize::InputArchive& archive) override {
+    check_no_open_step("load");
     const at::Tensor bytes = detail::read_archive(archive);
     try {
       core_->load(detail::bytes_of(bytes));
@@ -458,6 +518,7 @@ class OptimizerBase : public ::torch::optim::Optimizer {
   /// `options.include_params` also stores the parameter values. Atomic (a
   /// temporary file renamed over `file`). Sharded: collective, rank 0 writes.
   void save_checkpoint(const std::filesystem::path& file, const SaveOptions& options = {}) {
+    check_no_open_step("save_checkpoint");
     push_groups();
     core_->save_file(file, options);
   }
@@ -471,6 +532,7 @@ class OptimizerBase : public ::torch::optim::Optimizer {
   /// nothing changes. Tensors taken from state() or param_state() before no
   /// longer view the optimizer's state. Sharded: collective.
   void load_checkpoint(const std::filesystem::path& file, const LoadOptions& options = {}) {
+    check_no_open_step("load_checkpoint");
     check_groups();
     core_->load_file(file, options);
     state_replaced();
@@ -494,7 +556,7 @@ class OptimizerBase : public ::torch::optim::Optimizer {
     BackwardHook(OptimizerBase* o, std::size_t i) : owner(o), index(i) {}
     ::torch::autograd::variable_list operator()(const ::torch::autograd::variable_list& outputs,
                                                 const ::torch::autograd::variable_list&) override {
-      owner->step_one(index);
+      owner->backward_hook(index);
       return outputs;
     }
     OptimizerBase* owner;
@@ -507,6 +569,7 @@ class OptimizerBase : public ::torch::optim::Optimizer {
   void remove_backward_hooks() noexcept {
     for (Hook& h : hooks_) h.node->del_post_hook(h.key);
     hooks_.clear();
+    in_backward_ = false;
   }
 
   /// What every step begins with: the groups' hyperparameters.
@@ -542,8 +605,60 @@ class OptimizerBase : public ::torch::optim::Optimizer {
     return true;
   }
 
+  /// A step_in_backward() hook: parameter i's gradient is complete. Ends
+  /// the optimizer step a cut-short backward left open, refuses a second
+  /// backward before step() (accumulation) and a gradient completed twice in
+  /// one backward, then steps it.
+  void backward_hook(std::size_t i) {
+    switch (passes_.classify()) {
+      case detail::BackwardPasses::Pass::running:
+        break;
+      case detail::BackwardPasses::Pass::after_a_cut:
+        close_open_step();
+        passes_.begin();
+        break;
+      case detail::BackwardPasses::Pass::fresh:
+        if (core_->step_open())
+          throw std::logic_error(
+              "step inside backward: a second backward began before step() ended the optimizer step the last one "
+              "took; gradients are not accumulated over several backward passes in this mode, as each backward "
+              "steps every parameter it reaches. Call step() after each backward, or turn the step inside backward "
+              "off to accumulate. Nothing was changed");
+        passes_.begin();
+        break;
+    }
+    const Param& p = params_[i];
+    if (core_->step_open() && core_->stepped_in_open_step(p.id))
+      throw std::logic_error("parameter '" + p.name +
+                             "': its gradient was completed twice in one backward (as when it is used in several "
+                             "segments of a reentrant activation checkpoint); the step inside backward steps each "
+                             "parameter once: use non-reentrant checkpointing, or turn the step inside backward off");
+    step_one(i);
+  }
+
+  /// std::logic_error naming `what` while an optimizer step taken inside
+  /// backward is open, saying how to end it.
+  void check_no_open_step(std::string_view what) const {
+    if (!core_->step_open()) return;
+    throw std::logic_error(std::string(what) +
+                           (passes_.cut() ? ": the optimizer step a backward began is still open, as that backward "
+                                            "raised part way; zero_grad() or step() ends it"
+                                          : ": the optimizer step begun inside backward is still open; step() ends "
+                                            "it"));
+  }
+
+  /// Ends an optimizer step a step inside backward left open: as cut short
+  /// when the last backward raised part way, else as completed.
+  void close_open_step() {
+    const bool cut = passes_.cut();
+    passes_.acknowledge();
+    if (core_->step_open()) (void)core_->finish_step(cut ? StepEnd::interrupted : StepEnd::completed);
+  }
+
   /// The step inside backward of parameter i (its hook, or step() for a
-  /// gradient no hook stepped): steps it, then frees its gradient.
+  /// gradient no hook stepped): steps it, then frees its gradient. Under
+  /// NonFinitePolicy::raise an offending gradient is freed too (consumed:
+  /// the error names it).
   void step_one(std::size_t i) {
     Param& p = params_[i];
     if (!p.tensor.grad().defined()) return;
@@ -553,12 +668,24 @@ class OptimizerBase : public ::torch::optim::Optimizer {
       (void)bind_grad(p);
       core_->before_step();
       core_->step(p.id);
+    } catch (const NonFiniteGradientError&) {
+      core_->clear_grad(p.id);
+      p.tensor.mutable_grad().reset();
+      throw;
     } catch (...) {
       core_->clear_grad(p.id);
       throw;
     }
     core_->clear_grad(p.id);
-    if (device_.is_cpu()) grad_copies_.clear();  // done with: the host step has run
+    if (device_.is_cpu()) {
+      grad_copies_.clear();  // done with: the host step has run
+    } else {
+      // the step is enqueued on the device's current stream: the memory goes
+      // back to the allocator only once that stream is past it, whichever
+      // stream the gradient was made on
+      const c10::Stream s = c10::impl::getDeviceGuardImpl(device_.type())->getStream(device_);
+      p.tensor.mutable_grad().record_stream(s);
+    }
     p.tensor.unsafeGetTensorImpl()->bump_version();
     p.tensor.mutable_grad().reset();  // freed (a device step holds it through grad_copies_ or the stream)
   }
@@ -722,6 +849,8 @@ class OptimizerBase : public ::torch::optim::Optimizer {
   std::vector<at::Tensor> grad_copies_;                 // non-contiguous gradients a device step may still read
   std::optional<std::vector<std::byte>> consolidated_;  // sharded, rank 0: consolidate_checkpoint()'s bytes
   std::vector<Hook> hooks_;                             // step_in_backward()'s
+  bool in_backward_ = false;                            // step_in_backward() is on
+  detail::BackwardPasses passes_;                       // the backward passes its hooks ran in
 };
 
 /// SkewAdam (or any TierRules variant) behind torch's Optimizer interface:
