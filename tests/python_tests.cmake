@@ -12,7 +12,7 @@ if(TARGET skewadam_warnings)
   target_link_libraries(skewadam-checkpoint-interop PRIVATE skewadam_warnings)
 endif()
 
-foreach(_suite IN ITEMS golden optimizer checkpoint)
+foreach(_suite IN ITEMS golden optimizer step_in_backward checkpoint)
   add_test(NAME python/${_suite}
            COMMAND ${SKEWADAM_PYTHON_VENV}/bin/python -m pytest -q -p no:cacheprovider
                    ${PROJECT_SOURCE_DIR}/python/tests/test_${_suite}.py)

@@ -9,6 +9,7 @@ parameters or gradients.
 
 import numbers
 import os
+import weakref
 
 import torch
 
@@ -27,22 +28,56 @@ class StepReport:
     """What the last step() did: ``applied`` is False when a non-finite
     gradient made it skip (nonfinite="skip"); then ``name`` is the first
     offending parameter, ``element`` the flat index of its first offending
-    element and ``value`` that element."""
+    element and ``value`` that element. A step taken inside backward skips
+    the offending tensors alone (``skipped`` counts them), and reports
+    ``stepped`` (tensors it took) and ``not_stepped`` (the parameters no
+    gradient reached, by name); ``interrupted`` is True when its backward
+    raised part way, the tensors stepped before staying stepped."""
 
-    __slots__ = ("applied", "name", "element", "value", "message")
+    __slots__ = ("applied", "name", "element", "value", "message", "interrupted", "stepped", "not_stepped",
+                 "skipped")
 
-    def __init__(self, applied, name, element, value, message):
+    def __init__(self, applied, name, element, value, message, interrupted=False, stepped=0, not_stepped=(),
+                 skipped=0):
         self.applied = applied
         self.name = name
         self.element = element
         self.value = value
         self.message = message
+        self.interrupted = interrupted
+        self.stepped = stepped
+        self.not_stepped = list(not_stepped)
+        self.skipped = skipped
 
     def __bool__(self):
         return self.applied
 
     def __repr__(self):
         return f"StepReport(applied={self.applied}, {self.message!r})"
+
+
+def _backward_step(owner_key, name):
+    """The hook of parameter `name`: steps it in its optimizer, if alive."""
+    def step_it():
+        opt = owner_key()
+        if opt is not None:
+            opt._engine.step_parameter(name, opt._group_hyper())
+    return step_it
+
+
+# Parameters stepped inside backward, by id(tensor): (weakref to the tensor,
+# weakref to the optimizer whose hooks step it). Two optimizers never both do.
+_stepping_inside_backward = {}
+
+
+def _remove_backward_hooks(hooks, owner_key):
+    """Removes step_in_backward()'s hooks: on step_in_backward(False), or
+    when their optimizer is collected (holds no reference to it)."""
+    for h in hooks:
+        h.remove()
+    hooks.clear()
+    for key in [k for k, (_, owner) in _stepping_inside_backward.items() if owner is owner_key]:
+        del _stepping_inside_backward[key]
 
 
 # The Python half only translates: it turns Python values into the types the
@@ -203,7 +238,7 @@ class TieredOptimizer(torch.optim.Optimizer):
         defaults = dict(base)
         defaults["tier"] = None
         self._built = False
-        self._backward_hooks = []
+        self._hooks_finalizer = None
         self._accumulators = []
         super().__init__(groups, defaults)
         self._built = True
@@ -228,31 +263,49 @@ class TieredOptimizer(torch.optim.Optimizer):
         once (its .grad is None again), so that no more than a few gradients
         are alive at a time. Call step() after backward: it steps what still
         holds a gradient and ends the optimizer step. The bits are those of
-        the plain step(). Global-norm clipping (max_grad_norm) needs every
-        gradient and is refused by the first hook; a non-finite gradient skips
-        its own tensor alone (last_step() after step() names the first).
-        Gradients are not accumulated over several backward passes in this
-        mode. on=False removes the hooks.
+        the plain step().
+
+        Refused here, before any backward: global-norm clipping
+        (max_grad_norm needs every gradient), and parameters another live
+        optimizer already steps inside backward. Frozen parameters
+        (requires_grad=False) are left alone, as torch's optimizers leave
+        them. A non-finite gradient skips its own tensor alone (last_step()
+        after step() names the first); under nonfinite="raise" the hook
+        raises out of backward and the gradient is freed.
+
+        A backward that raises part way (out of memory, a failing function)
+        leaves stepped what it stepped: zero_grad(), step() or the next
+        backward ends that optimizer step, and last_step() reports it
+        (interrupted, stepped, not_stepped). Gradients are not accumulated
+        over several backward passes in this mode: a second backward before
+        step() is refused by its first hook, before it changes anything.
+
+        The hooks belong to this optimizer: they hold it weakly and go when it
+        is collected. on=False removes them.
 
         The hook is the tensor's register_post_accumulate_grad_hook where
         torch has it (2.1 and later), else a hook on its gradient
         accumulator."""
         if not on:
-            for h in self._backward_hooks:
-                h.remove()
-            self._backward_hooks = []
+            if self._hooks_finalizer is not None:
+                self._hooks_finalizer()
+                self._hooks_finalizer = None
             self._accumulators = []
             return
-        if self._backward_hooks:
+        if self._hooks_finalizer is not None:
             return
+        self._engine.check_step_inside_backward()
+        owner_key = weakref.ref(self)
+        stepped = [(name, self._tensor_of[name]) for name in self._names if self._tensor_of[name].requires_grad]
+        for name, tensor in stepped:
+            entry = _stepping_inside_backward.get(id(tensor))
+            if entry is not None and entry[0]() is tensor and entry[1]() is not None and entry[1]() is not self:
+                raise ValueError(f"parameter {name!r}: another optimizer already steps it inside backward (call "
+                                 "its step_in_backward(False), or drop it, first)")
         hooks, accumulators = [], []
         try:
-            for name in self._names:
-                tensor = self._tensor_of[name]
-                if not tensor.requires_grad:
-                    raise ValueError(f"parameter {name!r}: does not require a gradient, so backward never "
-                                     "completes one")
-                step_it = self._backward_step(name)
+            for name, tensor in stepped:
+                step_it = _backward_step(owner_key, name)
                 if hasattr(tensor, "register_post_accumulate_grad_hook"):
                     hooks.append(tensor.register_post_accumulate_grad_hook(lambda _t, f=step_it: f()))
                 else:
@@ -264,21 +317,25 @@ class TieredOptimizer(torch.optim.Optimizer):
             for h in hooks:
                 h.remove()
             raise
-        self._backward_hooks = hooks
+        for _, tensor in stepped:
+            _stepping_inside_backward[id(tensor)] = (weakref.ref(tensor), owner_key)
         self._accumulators = accumulators
+        self._hooks_finalizer = weakref.finalize(self, _remove_backward_hooks, hooks, owner_key)
 
     @property
     def steps_in_backward(self):
         """Whether step_in_backward() hooks are installed."""
-        return bool(self._backward_hooks)
+        return self._hooks_finalizer is not None
 
-    def _backward_step(self, name):
-        engine = self._engine
-        group_hyper = self._group_hyper
-
-        def step_it():
-            engine.step_parameter(name, group_hyper())
-        return step_it
+    def zero_grad(self, set_to_none=None):
+        """As torch's zero_grad, after ending an optimizer step a step inside
+        backward left open (a backward that raised part way, or a step()
+        not called); last_step() then reports it."""
+        self._engine.end_open_step()
+        if set_to_none is None:
+            super().zero_grad()
+        else:
+            super().zero_grad(set_to_none)
 
     def last_step(self):
         """A StepReport of the last step: applied, or skipped and why."""

@@ -111,13 +111,36 @@ class EngineBase {
     opt_.step_parameter(name);
   }
   bool step_open() const { return opt_.engine_core().step_open(); }
+  /// Ends a step inside backward left open (zero_grad() calls it first).
+  void end_open_step() {
+    const py::gil_scoped_release release;
+    opt_.end_open_step();
+  }
+  void check_step_inside_backward() const { opt_.check_step_inside_backward(); }
 
-  /// (applied, name, element, value, message) of the last step.
-  std::tuple<bool, std::optional<std::string>, std::int64_t, double, std::string> last_step() const {
+  /// (applied, name, element, value, message, interrupted, stepped,
+  /// not_stepped, skipped) of the last step.
+  using ReportTuple = std::tuple<bool, std::optional<std::string>, std::int64_t, double, std::string, bool,
+                                 std::int64_t, std::vector<std::string>, std::int64_t>;
+  ReportTuple last_step() const {
     const StepReport& r = opt_.last_step();
-    if (r.applied || !r.nonfinite) return {r.applied, std::nullopt, -1, 0.0, r.applied ? "applied" : "skipped"};
-    const NonFiniteGradient& n = *r.nonfinite;
-    return {false, n.name, static_cast<std::int64_t>(n.element), static_cast<double>(n.value), n.describe()};
+    std::string message = r.applied ? "applied" : "skipped";
+    std::optional<std::string> name;
+    std::int64_t element = -1;
+    double value = 0.0;
+    if (!r.applied && r.nonfinite) {
+      const NonFiniteGradient& n = *r.nonfinite;
+      name = n.name;
+      element = static_cast<std::int64_t>(n.element);
+      value = static_cast<double>(n.value);
+      message = n.describe();
+      if (r.skipped > 1) message += " (and " + std::to_string(r.skipped - 1) + " more tensors skipped)";
+    }
+    if (r.interrupted)
+      message += "; backward raised part way: " + std::to_string(r.stepped) + " tensors stepped, " +
+                 std::to_string(r.not_stepped.size()) + " not";
+    return {r.applied, name, element, value, message, r.interrupted, static_cast<std::int64_t>(r.stepped),
+            r.not_stepped, static_cast<std::int64_t>(r.skipped)};
   }
 
   std::vector<std::string> names() const { return opt_.names(); }

@@ -19,6 +19,8 @@ void bind_engine_base(py::module_& m) {
       .def("step", &E::step, py::arg("hyper"))
       .def("step_parameter", &E::step_parameter, py::arg("name"), py::arg("hyper"))
       .def("step_open", &E::step_open)
+      .def("end_open_step", &E::end_open_step)
+      .def("check_step_inside_backward", &E::check_step_inside_backward)
       .def("last_step", &E::last_step)
       .def("names", &E::names)
       .def("tier", &E::tier, py::arg("name"))
