@@ -135,6 +135,51 @@ TEST_CASE("device counts: inside backward, no wait until finish_step(), which re
   CHECK(inside.steps() == 4);
 }
 
+TEST_CASE("device counts: a step inside backward launches blocks for its own tensor alone") {
+  // the router (element-wise, so its work does not depend on the others)
+  // stepped alone launches as many blocks beside the whole model as in an
+  // optimizer that holds it alone; a whole step launches many more
+  fixture::Model m = fixture::Model::make(Dtype::f32);
+  const std::size_t k = m.tensors.size() - 1;
+  REQUIRE(m.tensors[k].tier == Tier::router);
+  Emulated all(hyper(), {.seed = 7});
+  Emulated alone(hyper(), {.seed = 7});
+  const auto ids = m.register_with(all);
+  const ParamId one = alone.add(m.tensors[k].name, m.tensors[k].tier, m.tensors[k].param());
+  fill(m, 1);
+  set_all(m, all, ids);
+  alone.set_grad(one, m.tensors[k].grad());
+  for (int warm = 0; warm < 2; ++warm) {  // the first step of each sorts its gradients' dtypes
+    all.step(ids[k]);
+    (void)all.finish_step();
+    alone.step(one);
+    (void)alone.finish_step();
+  }
+  long before = emu::Runtime::blocks();
+  all.step(ids[k]);
+  const long in_all = emu::Runtime::blocks() - before;
+  before = emu::Runtime::blocks();
+  alone.step(one);
+  const long by_itself = emu::Runtime::blocks() - before;
+  before = emu::Runtime::blocks();
+  (void)all.finish_step();
+  all.step();
+  const long whole = emu::Runtime::blocks() - before;
+  (void)alone.finish_step();
+  CHECK(in_all == by_itself);
+  // a step of the LayerNorm's 24 weights: a handful of one-block launches,
+  // against the whole model's hundreds
+  const std::size_t ln = 2;
+  REQUIRE(m.tensors[ln].numel() == 24);
+  before = emu::Runtime::blocks();
+  all.step(ids[ln]);
+  const long small = emu::Runtime::blocks() - before;
+  (void)all.finish_step();
+  INFO("blocks: whole step ", whole, ", the router alone ", in_all, ", the LayerNorm alone ", small);
+  CHECK(small <= 10);
+  CHECK(whole > 20 * small);
+}
+
 TEST_CASE("device counts: a captured step replays as ordinary steps do, bit for bit") {
   fixture::Model a = fixture::Model::make(Dtype::bf16), b = a;
   Emulated stepped(hyper(), {.seed = 99, .stream = a_stream});

@@ -6,7 +6,8 @@
 // launches (on this thread) to run them again; a copy, a zeroing or a wait
 // while capturing throws std::logic_error, as they would break a CUDA graph
 // (or be illegal in one); waits() counts the calls that would wait for a
-// GPU, so that tests can show a step waits for none. With it the CUDA backend
+// GPU, so that tests can show a step waits for none, and blocks() the blocks
+// launched, so that they can show what a step's launches are sized to. With it the CUDA backend
 // (backend/cuda/cuda_backend.hpp) and its kernels run, unchanged, on
 // machines without a GPU (the tests, skewadam-replay --backend cuda-emulated):
 //
@@ -140,9 +141,16 @@ struct Runtime {
     });
   }
 
+  /// Blocks launched so far (the sum of the launches' grids), on this thread.
+  static long& blocks() {
+    thread_local long n = 0;
+    return n;
+  }
+
   template <auto Kernel, class... Args>
   static void launch(unsigned grid, unsigned threads, stream_type s, Args... args) {
     if (grid == 0) return;
+    blocks() += grid;
     launched_on() = current();
     auto run = [=] { emu::launch(grid, threads, [&] { Kernel(args...); }); };
     if (recording()) recording()->push_back(run);

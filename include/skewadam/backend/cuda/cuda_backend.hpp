@@ -369,6 +369,7 @@ class CudaBackend {
       R::to_device(t.d_stepped.data(), t.stepped.data(), t.stepped.size() * sizeof(int), stream_);
     }
     sync_grad_table(items);
+    focus_ = items.size() == 1 ? static_cast<int>(items.front().index) : -1;
     counts_step_ = settings.counts_step;
     cuda::StepControl c;
     for (int k = 0; k < tier_count; ++k) c.hyper[k] = settings.hyper[static_cast<std::size_t>(k)];
@@ -396,16 +397,21 @@ class CudaBackend {
   Verdict check(NonFinitePolicy policy) {
     if (policy == NonFinitePolicy::unchecked) return Verdict{};
     const Tables& t = tables_;
-    R::template launch<&cuda::scan_kernel<>>(grid(t.check_items.size()), cuda::block_threads, stream_,
+    // a step of one tensor checks its chunks alone (their slots are theirs)
+    std::size_t lo = 0, n = t.check_items.size();
+    if (focus_ >= 0) {
+      lo = static_cast<std::size_t>(t.parts[static_cast<std::size_t>(focus_)].check_lo);
+      n = static_cast<std::size_t>(t.parts[static_cast<std::size_t>(focus_)].check_n);
+    }
+    const WorkUnit* items = static_cast<const WorkUnit*>(t.check_items.data()) + lo;
+    R::template launch<&cuda::scan_kernel<>>(grid(n), cuda::block_threads, stream_,
                                              static_cast<const cuda::GradTask*>(t.grad_tasks.data()),
-                                             static_cast<const cuda::TaskStep*>(t.d_steps.data()),
-                                             static_cast<const WorkUnit*>(t.check_items.data()), t.first.data(),
-                                             t.value.data());
+                                             static_cast<const cuda::TaskStep*>(t.d_steps.data()), items,
+                                             t.first.data(), t.value.data());
     R::template launch<&cuda::decide_kernel<>>(1u, cuda::block_threads, stream_,
-                                               static_cast<const index_t*>(t.first.data()),
-                                               static_cast<const float*>(t.value.data()),
-                                               static_cast<index_t>(t.first.size()),
-                                               static_cast<const WorkUnit*>(t.check_items.data()), t.d_steps.data(),
+                                               static_cast<const index_t*>(t.first.data()) + lo,
+                                               static_cast<const float*>(t.value.data()) + lo,
+                                               static_cast<index_t>(n), items, t.d_steps.data(),
                                                static_cast<int>(t.tasks.size()), outcome_.data());
     return Verdict{false, std::nullopt};
   }
@@ -413,7 +419,7 @@ class CudaBackend {
   void reject() noexcept {}  // the device wrote nothing: the later passes were never enqueued
 
   void statistics() {
-    for (const Group& g : tables_.groups) g.ops->statistics(g.arrays, tasks_d(), steps_d(), stream_);
+    for_groups([&](const Group& g, const cuda::GroupArrays& a) { g.ops->statistics(a, tasks_d(), steps_d(), stream_); });
   }
   /// The cut pieces' sums, on the host (waits); finish() uploads them back.
   std::span<double> cut_sums() {
@@ -426,7 +432,7 @@ class CudaBackend {
     if (cut_read_ && !cut_host_.empty())
       R::to_device(tables_.cut.data(), cut_host_.data(), tables_.cut.bytes(), stream_);
     cut_read_ = false;
-    for (const Group& g : tables_.groups) g.ops->finish(g.arrays, tasks_d(), steps_d(), stream_);
+    for_groups([&](const Group& g, const cuda::GroupArrays& a) { g.ops->finish(a, tasks_d(), steps_d(), stream_); });
   }
   std::span<const double> clip_sums() {
     sums_host_.resize(tables_.sums.size());
@@ -442,7 +448,7 @@ class CudaBackend {
       R::to_device(tables_.divisors.data(), divisors_host_.data(), tables_.divisors.bytes(), stream_);
   }
   void apply() {
-    for (const Group& g : tables_.groups) g.ops->apply(g.arrays, tasks_d(), steps_d(), stream_);
+    for_groups([&](const Group& g, const cuda::GroupArrays& a) { g.ops->apply(a, tasks_d(), steps_d(), stream_); });
   }
   void count() {
     R::template launch<&cuda::end_step_kernel<>>(1u, cuda::block_threads, stream_,
@@ -564,6 +570,14 @@ class CudaBackend {
     std::size_t workspace = 0;     ///< doubles of statistics workspace its passes need
     std::size_t workspace_at = 0;  ///< where they start in the backend's
   };
+  /// Where one tensor's work lies in the tables: its group and its part of
+  /// the group's lists, and its check items (what a step of that tensor
+  /// alone launches).
+  struct TensorPart {
+    int group = -1;
+    cuda::ListStarts lo{}, hi{};
+    index_t check_lo = 0, check_n = 0;
+  };
   /// Everything a step reads besides the tensors' own arrays, the StepControl
   /// and the outcome.
   struct Tables {
@@ -585,6 +599,7 @@ class CudaBackend {
     Array<double> sums;             ///< per matrix of every piece: its sum of u^2
     Array<float> divisors;          ///< per matrix of every piece: its clip divisor
     Array<double> cut;              ///< per cut piece: c column sums, then the sum of R_i
+    std::vector<TensorPart> parts;  ///< per tensor
   };
 
   template <class T>
@@ -599,6 +614,19 @@ class CudaBackend {
 
   static unsigned grid(std::size_t blocks) { return static_cast<unsigned>(blocks); }
   const DeviceTask* tasks_d() const { return tables_.d_tasks.data(); }
+  /// f(group, its lists) for every group; for a step of one tensor, its
+  /// group alone with its part of the lists (launches sized to it).
+  template <class F>
+  void for_groups(F&& f) const {
+    if (focus_ >= 0) {
+      const TensorPart& q = tables_.parts[static_cast<std::size_t>(focus_)];
+      if (q.group < 0) return;
+      const Group& g = tables_.groups[static_cast<std::size_t>(q.group)];
+      f(g, cuda::part_of(g.arrays, q.lo, q.hi));
+      return;
+    }
+    for (const Group& g : tables_.groups) f(g, g.arrays);
+  }
   const cuda::TaskStep* steps_d() const { return tables_.d_steps.data(); }
 
   /// Enqueues the sum of g^2 over the gradient table's pieces, into *out.
@@ -645,14 +673,16 @@ class CudaBackend {
     }
     if (!changed) return;
     R::synchronize(stream_);  // the old lists may still be read
-    tables_.groups = build_groups(ops);
+    tables_.groups = build_groups(ops, tables_.parts);
     for (std::size_t i = 0; i < tensors_.size(); ++i) tensors_[i].ops = ops[i];
     ++generation_;
   }
 
   /// Every group's work lists over the pieces, for tensors with passes `ops`,
   /// and their part of the workspace (fit_workspace).
-  std::vector<Group> build_groups(const std::vector<kernels_type>& ops) {
+  std::vector<Group> build_groups(const std::vector<kernels_type>& ops, std::vector<TensorPart>& parts) {
+    parts.resize(tensors_.size());
+    for (TensorPart& q : parts) q.group = -1;
     std::vector<kernels_type> order;
     for (std::size_t i = 0; i < tensors_.size(); ++i)
       if (!tensors_[i].pieces.empty() && std::find(order.begin(), order.end(), ops[i]) == order.end())
@@ -666,10 +696,22 @@ class CudaBackend {
       // process holding every tensor cuts it
       for (std::size_t i = 0; i < tensors_.size(); ++i)
         if (ops[i] == o) lists.count(tensors_[i].whole);
+      std::vector<std::pair<std::size_t, std::size_t>> pieces;  // (tensor, its first piece in the group)
+      std::size_t added = 0;
       for (std::size_t i = 0; i < tensors_.size(); ++i) {
         if (ops[i] != o) continue;
-        for (const Piece& p : tensors_[i].pieces)
+        pieces.emplace_back(i, added);
+        for (const Piece& p : tensors_[i].pieces) {
           lists.add(static_cast<std::int32_t>(p.at), p.task, p.spec.cut);
+          ++added;
+        }
+      }
+      const std::vector<cuda::ListStarts>& starts = lists.starts();
+      for (const auto& [i, first] : pieces) {
+        TensorPart& q = parts[i];
+        q.group = static_cast<int>(groups.size());
+        q.lo = starts[first];
+        q.hi = starts[first + tensors_[i].pieces.size()];
       }
       Group g;
       g.ops = o;
@@ -739,7 +781,7 @@ class CudaBackend {
     mem_.upload(t.d_stepped, t.stepped, stream_);
     std::vector<kernels_type> ops;
     for (const Tensor& e : tensors_) ops.push_back(e.ops);
-    t.groups = build_groups(ops);
+    t.groups = build_groups(ops, t.parts);
 
     std::vector<WorkUnit> checks;
     for (std::size_t k = 0; k < t.tasks.size(); ++k) {
@@ -752,6 +794,16 @@ class CudaBackend {
         }
     }
     if (checks.size() > 0x7fffffffu) throw std::invalid_argument("parameters: too many work items for one launch");
+    for (std::size_t k = 0; k < checks.size();) {  // each tensor's checks, consecutive as its pieces are
+      const auto i = static_cast<std::size_t>(t.tasks[static_cast<std::size_t>(checks[k].task)].tensor);
+      std::size_t end = k;
+      while (end < checks.size() &&
+             static_cast<std::size_t>(t.tasks[static_cast<std::size_t>(checks[end].task)].tensor) == i)
+        ++end;
+      t.parts[i].check_lo = static_cast<index_t>(k);
+      t.parts[i].check_n = static_cast<index_t>(end - k);
+      k = end;
+    }
     mem_.upload(t.check_items, checks, stream_);
     t.host_grad_tasks.assign(t.tasks.size(), cuda::GradTask{});
     mem_.upload(t.grad_tasks, t.host_grad_tasks, stream_);
@@ -776,6 +828,7 @@ class CudaBackend {
   cuda::StepControl control_{};  ///< what control_d_ holds once control_uploaded_
   bool control_uploaded_ = false;
   bool counts_step_ = true;  ///< the step being enqueued advances the optimizer count (StepSettings::counts_step)
+  int focus_ = -1;           ///< the one tensor the step being enqueued steps, or -1
   Array<cuda::CheckOutcome> outcome_;
   Array<cuda::OpenOutcome> open_outcome_;  ///< the step inside backward's verdicts (begin_verdicts)
   Array<double> norm_sq_;  ///< the last clipping step's sum of g^2

@@ -54,6 +54,31 @@ struct GroupArrays {
   double* workspace = nullptr;  ///< GroupLists::workspace_doubles() doubles
 };
 
+/// Where one piece's work starts in each of a group's lists (GroupLists::
+/// starts()): a piece's work is consecutive in every list.
+struct ListStarts {
+  std::int32_t units = 0, columns = 0, applies = 0, shards = 0, momentum = 0, tasks = 0;
+};
+
+/// The part of a group's lists `whole` between two pieces' starts, lo
+/// (included) and hi (excluded): what a step of those pieces alone launches.
+inline GroupArrays part_of(const GroupArrays& whole, const ListStarts& lo, const ListStarts& hi) {
+  GroupArrays a = whole;
+  a.units = whole.units + lo.units;
+  a.n_units = hi.units - lo.units;
+  a.columns = whole.columns + lo.columns;
+  a.n_columns = hi.columns - lo.columns;
+  a.applies = whole.applies + lo.applies;
+  a.n_applies = hi.applies - lo.applies;
+  a.shards = whole.shards + lo.shards;
+  a.n_shards = hi.shards - lo.shards;
+  a.momentum = whole.momentum + lo.momentum;
+  a.n_momentum = hi.momentum - lo.momentum;
+  a.tasks = whole.tasks + lo.tasks;
+  a.n_tasks = hi.tasks - lo.tasks;
+  return a;
+}
+
 /// A group's lists in host memory, in the order they are uploaded. Pieces
 /// are added one by one; the lists are formed when they are first read
 /// (plan()), since a factored matrix's row blocks depend on the whole group.
@@ -96,8 +121,10 @@ struct GroupLists {
     applies.clear();
     shards.clear();
     momentum.clear();
+    starts_.clear();
     workspace_ = 0;
     for (const Entry& e : entries_) {
+      starts_.push_back(here());
       const MatrixGeometry& g = e.geom;
       if (stored)
         for (index_t b = 0; b < g.batch; ++b)
@@ -133,7 +160,16 @@ struct GroupLists {
           }
       }
     }
+    starts_.push_back(here());
     planned_ = true;
+  }
+
+  /// Where each piece's work starts in the lists, in the order the pieces
+  /// were added, then where the lists end: piece k's work lies between
+  /// starts()[k] and starts()[k + 1].
+  const std::vector<ListStarts>& starts() {
+    plan();
+    return starts_;
   }
 
   /// units, columns, applies, shards, momentum: one array to upload. Throws
@@ -192,7 +228,14 @@ struct GroupLists {
     return static_cast<index_t>(std::clamp(nb, 1.0, most));
   }
 
+  ListStarts here() const {
+    const auto n = [](const auto& v) { return static_cast<std::int32_t>(v.size()); };
+    return ListStarts{n(units), n(columns), n(applies), n(shards), n(momentum),
+                      static_cast<std::int32_t>(starts_.size())};
+  }
+
   std::vector<Entry> entries_;
+  std::vector<ListStarts> starts_;
   index_t group_elements_ = 0;
   bool counted_ = false;
   bool planned_ = false;
