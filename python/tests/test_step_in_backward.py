@@ -87,19 +87,19 @@ def same(a_model, a_opt, b_model, b_opt):
 
 
 @pytest.mark.parametrize("ends_it", ["zero_grad", "step", "next backward"])
-def test_a_backward_that_raises_part_way_leaves_a_step_that_ends(hook_path, ends_it):
-    plain_model, model = TinyMoE(), TinyMoE()
+def test_a_backward_that_raises_part_way_leaves_a_step_that_ends(hook_path, ends_it, device):
+    plain_model, model = TinyMoE(device=device), TinyMoE(device=device)
     plain = skewadam.SkewAdam(plain_model.named_parameters(), lr=1e-2)
     opt = skewadam.SkewAdam(model.named_parameters(), lr=1e-2)
     opt.step_in_backward()
-    plain_step(plain_model, plain, 0, "cpu")
-    loss_of(model, 0, "cpu").backward()
+    plain_step(plain_model, plain, 0, device)
+    loss_of(model, 0, device).backward()
     opt.step()
 
     # backward steps everything after the embedding, then raises
     model.after_embed = RaiseInBackward.apply
     with pytest.raises(torch.cuda.OutOfMemoryError, match="out of memory"):
-        loss_of(model, 1, "cpu").backward()
+        loss_of(model, 1, device).backward()
     model.after_embed = None
     with pytest.raises(RuntimeError, match=r"zero_grad\(\) or step\(\) ends it"):
         opt.state_dict()  # not mid-step; the message says how to end it
@@ -114,37 +114,37 @@ def test_a_backward_that_raises_part_way_leaves_a_step_that_ends(hook_path, ends
         assert r.stepped == len(opt.names()) - 1
         assert "backward raised part way" in r.message
         assert opt.steps == 2
-        plain_step(plain_model, plain, 1, "cpu", leave=("embed.weight",))
+        plain_step(plain_model, plain, 1, device, leave=("embed.weight",))
         assert same(plain_model, plain, model, opt)
     else:
-        plain_step(plain_model, plain, 1, "cpu", leave=("embed.weight",))
+        plain_step(plain_model, plain, 1, device, leave=("embed.weight",))
     for t in (2, 3):  # training goes on
-        plain_step(plain_model, plain, t, "cpu")
+        plain_step(plain_model, plain, t, device)
         opt.zero_grad()
-        loss_of(model, t, "cpu").backward()
+        loss_of(model, t, device).backward()
         opt.step()
         assert opt.last_step().applied and not opt.last_step().interrupted
     assert opt.steps == 4
     assert same(plain_model, plain, model, opt)
 
 
-def test_nonfinite_raise_inside_backward_raises_out_of_it_and_training_goes_on(hook_path):
-    plain_model, model = TinyMoE(), TinyMoE()
+def test_nonfinite_raise_inside_backward_raises_out_of_it_and_training_goes_on(hook_path, device):
+    plain_model, model = TinyMoE(device=device), TinyMoE(device=device)
     plain = skewadam.SkewAdam(plain_model.named_parameters(), lr=1e-2, nonfinite="raise")
     opt = skewadam.SkewAdam(model.named_parameters(), lr=1e-2, nonfinite="raise")
     opt.step_in_backward()
     model.after_embed = NaNInBackward.apply
     with pytest.raises(skewadam.NonFiniteGradientError, match="embed.weight"):
-        loss_of(model, 0, "cpu").backward()
+        loss_of(model, 0, device).backward()
     model.after_embed = None
     assert model.embed.weight.grad is None  # consumed, as every gradient a hook takes
     opt.step()  # ends the step backward left; nothing keeps raising
     assert opt.last_step().interrupted
-    plain_step(plain_model, plain, 0, "cpu", leave=("embed.weight",))
+    plain_step(plain_model, plain, 0, device, leave=("embed.weight",))
     for t in (1, 2):
-        plain_step(plain_model, plain, t, "cpu")
+        plain_step(plain_model, plain, t, device)
         opt.zero_grad()
-        loss_of(model, t, "cpu").backward()
+        loss_of(model, t, device).backward()
         opt.step()
     assert same(plain_model, plain, model, opt)
 
