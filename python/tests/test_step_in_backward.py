@@ -258,3 +258,25 @@ def test_a_weight_in_two_reentrant_segments_is_refused_with_what_to_do(hook_path
     loss_of(model, 0, "cpu").backward()
     opt.step()
     assert same(plain_model, plain, model, opt)
+
+
+def test_a_ddp_module_is_refused_as_it_reduces_gradients_after_backward(tmp_path):
+    # DistributedDataParallel averages each gradient after backward completed
+    # it; a step inside backward would step the local one (Gloo, one process)
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with Gloo is not available")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        ddp = nn.parallel.DistributedDataParallel(TinyMoE())
+        opt = skewadam.SkewAdam(ddp.named_parameters(), lr=1e-2)
+        with pytest.raises(ValueError, match="DistributedDataParallel"):
+            opt.step_in_backward()
+        assert not opt.steps_in_backward
+        # the plain step after DDP's reduction works
+        opt.zero_grad()
+        loss_of(ddp, 0, "cpu").backward()
+        opt.step()
+        assert opt.steps == 1
+    finally:
+        dist.destroy_process_group()

@@ -9,6 +9,8 @@
 
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <doctest/doctest.h>
 
@@ -337,4 +339,24 @@ TEST_CASE("the step inside backward: two optimizers never both step a parameter"
   loss_with_grads(b, grads_for_step(b, 1)).backward();
   second.step();
   CHECK(second.steps() == 1);
+}
+
+TEST_CASE("the step inside backward refuses parameters whose gradients DDP reduces after backward") {
+  // DistributedDataParallel's reducer hooks each parameter's gradient
+  // accumulator (a LambdaPostHook) and averages the gradient after backward
+  // completed it: a step inside backward would step the local gradient
+  Named b = leaf_params();
+  std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(b[3].second);
+  acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+      [](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) { return outputs; }));
+  skewadam::libtorch::SkewAdam opt(b, test_options());
+  try {
+    opt.step_in_backward();
+    FAIL("a parameter DDP reduces was accepted");
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    CHECK(m.find("parameter '" + b[3].first + "'") != std::string::npos);
+    CHECK(m.find("DistributedDataParallel") != std::string::npos);
+  }
+  CHECK_FALSE(opt.steps_in_backward());
 }

@@ -76,6 +76,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/optim/optimizer.h>
 #include <torch/ordered_dict.h>
@@ -289,7 +290,7 @@ class OptimizerBase : public ::torch::optim::Optimizer {
       return;
     }
     if (in_backward_) return;
-    core_->check_step_inside_backward();
+    check_step_inside_backward();
     std::vector<Hook> added;
     try {
       for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -297,11 +298,6 @@ class OptimizerBase : public ::torch::optim::Optimizer {
         if (!t.requires_grad()) continue;  // frozen: backward never completes a gradient
         std::shared_ptr<::torch::autograd::Node> acc = ::torch::autograd::impl::grad_accumulator(t);
         if (!acc) throw std::invalid_argument("parameter '" + params_[i].name + "': not a leaf tensor");
-        for (const auto& h : acc->post_hooks())
-          if (const auto* other = dynamic_cast<const BackwardHook*>(h.get()); other != nullptr && other->owner != this)
-            throw std::invalid_argument("parameter '" + params_[i].name +
-                                        "': another optimizer already steps it inside backward (turn that one's "
-                                        "step inside backward off, or destroy it, first)");
         const std::uintptr_t key = acc->add_post_hook(std::make_unique<BackwardHook>(this, i));
         added.push_back(Hook{std::move(acc), key});
       }
@@ -323,9 +319,32 @@ class OptimizerBase : public ::torch::optim::Optimizer {
   /// zero_grad() does before it zeroes): as cut short when the last backward
   /// raised part way, else as completed. last_step() then reports it.
   void end_open_step() { close_open_step(); }
-  /// Throws what the step inside backward would refuse whatever the
-  /// parameter (max_grad_norm, a pending clip scale), as step_in_backward().
-  void check_step_inside_backward() const { core_->check_step_inside_backward(); }
+  /// Throws what step_in_backward() refuses up front (std::invalid_argument):
+  /// what needs every gradient (max_grad_norm, a pending clip scale); a
+  /// parameter another optimizer already steps inside backward; a parameter
+  /// whose gradient is reduced between processes after backward completes
+  /// it (a DistributedDataParallel module's: its reducer's hook on the
+  /// gradient accumulator), which a hook would step unreduced.
+  void check_step_inside_backward() const {
+    core_->check_step_inside_backward();
+    for (const Param& p : params_) {
+      if (!p.tensor.requires_grad()) continue;
+      const std::shared_ptr<::torch::autograd::Node> acc = ::torch::autograd::impl::grad_accumulator(p.tensor);
+      if (!acc) continue;
+      for (const auto& h : acc->post_hooks()) {
+        if (const auto* other = dynamic_cast<const BackwardHook*>(h.get()); other != nullptr && other->owner != this)
+          throw std::invalid_argument("parameter '" + p.name +
+                                      "': another optimizer already steps it inside backward (turn that one's step "
+                                      "inside backward off, or destroy it, first)");
+        if (dynamic_cast<const ::torch::autograd::utils::LambdaPostHook*>(h.get()) != nullptr)
+          throw std::invalid_argument(
+              "parameter '" + p.name +
+              "': its gradient is reduced between processes after backward completes it (a DistributedDataParallel "
+              "module holds it), and the step inside backward would step it unreduced; use the plain step() with "
+              "DDP, or shard the optimizer over the process group instead of DDP");
+      }
+    }
+  }
 
   /// Zeroes the gradients (set_to_none: frees them), as torch's zero_grad,
   /// after ending an optimizer step that a step inside backward left open:
