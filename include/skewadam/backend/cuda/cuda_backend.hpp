@@ -319,7 +319,8 @@ class CudaBackend {
   /// tables (those of the last registration's undo included) and the
   /// statistics workspace the groups share.
   index_t scratch_bytes() const noexcept {
-    std::size_t b = control_d_.bytes() + outcome_.bytes() + open_outcome_.bytes() + norm_sq_.bytes() + workspace_.bytes();
+    std::size_t b =
+        control_d_.bytes() + outcome_.bytes() + open_outcome_.bytes() + norm_sq_.bytes() + workspace_.bytes();
     for (const Tensor& e : tensors_) b += e.scratch_f.bytes() + e.scratch_d.bytes() + e.done.bytes();
     for (const Tables* t : {&tables_, &undo_}) {
       b += t->d_tasks.bytes() + t->d_steps.bytes() + t->counts.bytes() + t->d_stepped.bytes() +
@@ -419,7 +420,8 @@ class CudaBackend {
   void reject() noexcept {}  // the device wrote nothing: the later passes were never enqueued
 
   void statistics() {
-    for_groups([&](const Group& g, const cuda::GroupArrays& a) { g.ops->statistics(a, tasks_d(), steps_d(), stream_); });
+    for_groups(
+        [&](const Group& g, const cuda::GroupArrays& a) { g.ops->statistics(a, tasks_d(), steps_d(), stream_); });
   }
   /// The cut pieces' sums, on the host (waits); finish() uploads them back.
   std::span<double> cut_sums() {
