@@ -81,6 +81,22 @@ def plain_step(model, opt, t, device, leave=()):
     opt.step()
 
 
+def inside_step(model, opt, t, device):
+    """Step t of the loop with the step inside backward."""
+    opt.zero_grad()
+    loss_of(model, t, device).backward()
+    assert all(p.grad is None for p in model.parameters() if p.requires_grad)  # stepped and freed
+    opt.step()
+    assert opt.last_step().applied and not opt.last_step().interrupted
+
+
+def train_both(plain_model, plain, model, opt, steps, device):
+    """Steps `steps` of the plain loop and of the loop stepping inside backward."""
+    for t in steps:
+        plain_step(plain_model, plain, t, device)
+        inside_step(model, opt, t, device)
+
+
 def same(a_model, a_opt, b_model, b_opt):
     a, b = bits(a_model), bits(b_model)
     return all(torch.equal(a[k], b[k]) for k in a) and same_state(state_of(a_opt), state_of(b_opt))
@@ -118,12 +134,7 @@ def test_a_backward_that_raises_part_way_leaves_a_step_that_ends(hook_path, ends
         assert same(plain_model, plain, model, opt)
     else:
         plain_step(plain_model, plain, 1, device, leave=("embed.weight",))
-    for t in (2, 3):  # training goes on
-        plain_step(plain_model, plain, t, device)
-        opt.zero_grad()
-        loss_of(model, t, device).backward()
-        opt.step()
-        assert opt.last_step().applied and not opt.last_step().interrupted
+    train_both(plain_model, plain, model, opt, (2, 3), device)  # training goes on
     assert opt.steps == 4
     assert same(plain_model, plain, model, opt)
 
@@ -141,11 +152,7 @@ def test_nonfinite_raise_inside_backward_raises_out_of_it_and_training_goes_on(h
     opt.step()  # ends the step backward left; nothing keeps raising
     assert opt.last_step().interrupted
     plain_step(plain_model, plain, 0, device, leave=("embed.weight",))
-    for t in (1, 2):
-        plain_step(plain_model, plain, t, device)
-        opt.zero_grad()
-        loss_of(model, t, device).backward()
-        opt.step()
+    train_both(plain_model, plain, model, opt, (1, 2), device)
     assert same(plain_model, plain, model, opt)
 
 
@@ -167,11 +174,7 @@ def test_a_second_backward_before_step_is_refused_before_it_changes_anything(hoo
     plain_step(plain_model, plain, 0, "cpu")
     assert same(plain_model, plain, model, opt)
     # the loop as it should be: step() after each backward
-    for t in (1, 2):
-        plain_step(plain_model, plain, t, "cpu")
-        opt.zero_grad()
-        loss_of(model, t, "cpu").backward()
-        opt.step()
+    train_both(plain_model, plain, model, opt, (1, 2), "cpu")
     assert same(plain_model, plain, model, opt)
 
 
@@ -182,11 +185,7 @@ def test_frozen_parameters_are_left_alone(hook_path):
     plain = skewadam.SkewAdam(plain_model.named_parameters(), lr=1e-2)
     opt = skewadam.SkewAdam(model.named_parameters(), lr=1e-2)
     opt.step_in_backward()
-    for t in range(3):
-        plain_step(plain_model, plain, t, "cpu")
-        opt.zero_grad()
-        loss_of(model, t, "cpu").backward()
-        opt.step()
+    train_both(plain_model, plain, model, opt, range(3), "cpu")
     assert same(plain_model, plain, model, opt)
     assert opt.param_state("norm.weight")["step"] == 0
 
@@ -210,11 +209,7 @@ def test_the_hooks_go_with_their_optimizer_and_two_never_both_step(hook_path):
     model.zero_grad(set_to_none=True)
     # now the second one steps each parameter once
     second.step_in_backward()
-    for t in range(2):
-        plain_step(plain_model, plain, t, "cpu")
-        second.zero_grad()
-        loss_of(model, t, "cpu").backward()
-        second.step()
+    train_both(plain_model, plain, model, second, range(2), "cpu")
     assert same(plain_model, plain, model, second)
     second.step_in_backward(False)
     third = skewadam.SkewAdam(model.named_parameters(), lr=1e-2)
@@ -228,13 +223,7 @@ def test_activation_checkpointing_gives_the_plain_steps_bits(hook_path, mode):
     plain = skewadam.SkewAdam(plain_model.named_parameters(), lr=1e-2)
     opt = skewadam.SkewAdam(model.named_parameters(), lr=1e-2)
     opt.step_in_backward()
-    for t in range(3):
-        plain_step(plain_model, plain, t, "cpu")
-        opt.zero_grad()
-        loss_of(model, t, "cpu").backward()
-        assert all(p.grad is None for p in model.parameters())
-        opt.step()
-        assert not opt.last_step().interrupted
+    train_both(plain_model, plain, model, opt, range(3), "cpu")
     assert same(plain_model, plain, model, opt)
 
 
@@ -254,9 +243,7 @@ def test_a_weight_in_two_reentrant_segments_is_refused_with_what_to_do(hook_path
     plain = skewadam.SkewAdam(plain_model.named_parameters(), lr=1e-2)
     opt = skewadam.SkewAdam(model.named_parameters(), lr=1e-2)
     opt.step_in_backward()
-    plain_step(plain_model, plain, 0, "cpu")
-    loss_of(model, 0, "cpu").backward()
-    opt.step()
+    train_both(plain_model, plain, model, opt, (0,), "cpu")
     assert same(plain_model, plain, model, opt)
 
 
