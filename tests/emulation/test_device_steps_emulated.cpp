@@ -138,7 +138,8 @@ TEST_CASE("device counts: inside backward, no wait until finish_step(), which re
 TEST_CASE("device counts: a step inside backward launches blocks for its own tensor alone") {
   // the router (element-wise, so its work does not depend on the others)
   // stepped alone launches as many blocks beside the whole model as in an
-  // optimizer that holds it alone; a whole step launches many more
+  // optimizer that holds it alone; finish_step() launches no tensor's work;
+  // a whole step launches many more
   fixture::Model m = fixture::Model::make(Dtype::f32);
   const std::size_t k = m.tensors.size() - 1;
   REQUIRE(m.tensors[k].tier == Tier::router);
@@ -163,6 +164,8 @@ TEST_CASE("device counts: a step inside backward launches blocks for its own ten
   const long by_itself = emu::Runtime::blocks() - before;
   before = emu::Runtime::blocks();
   (void)all.finish_step();
+  const long finish = emu::Runtime::blocks() - before;  // counts the step: no tensor's work
+  before = emu::Runtime::blocks();
   all.step();
   const long whole = emu::Runtime::blocks() - before;
   (void)alone.finish_step();
@@ -175,8 +178,10 @@ TEST_CASE("device counts: a step inside backward launches blocks for its own ten
   all.step(ids[ln]);
   const long small = emu::Runtime::blocks() - before;
   (void)all.finish_step();
-  INFO("blocks: whole step ", whole, ", the router alone ", in_all, ", the LayerNorm alone ", small);
+  INFO("blocks: whole step ", whole, ", the router alone ", in_all, ", the LayerNorm alone ", small,
+       ", finish_step() ", finish);
   CHECK(small <= 10);
+  CHECK(finish <= 3);
   CHECK(whole > 20 * small);
 }
 

@@ -370,7 +370,7 @@ class CudaBackend {
       R::to_device(t.d_stepped.data(), t.stepped.data(), t.stepped.size() * sizeof(int), stream_);
     }
     sync_grad_table(items);
-    focus_ = items.size() == 1 ? static_cast<int>(items.front().index) : -1;
+    focus_ = items.size() == 1 ? static_cast<int>(items.front().index) : items.empty() ? no_tensor : -1;
     counts_step_ = settings.counts_step;
     cuda::StepControl c;
     for (int k = 0; k < tier_count; ++k) c.hyper[k] = settings.hyper[static_cast<std::size_t>(k)];
@@ -400,6 +400,7 @@ class CudaBackend {
     const Tables& t = tables_;
     // a step of one tensor checks its chunks alone (their slots are theirs)
     std::size_t lo = 0, n = t.check_items.size();
+    if (focus_ == no_tensor) n = 0;
     if (focus_ >= 0) {
       lo = static_cast<std::size_t>(t.parts[static_cast<std::size_t>(focus_)].check_lo);
       n = static_cast<std::size_t>(t.parts[static_cast<std::size_t>(focus_)].check_n);
@@ -617,9 +618,11 @@ class CudaBackend {
   static unsigned grid(std::size_t blocks) { return static_cast<unsigned>(blocks); }
   const DeviceTask* tasks_d() const { return tables_.d_tasks.data(); }
   /// f(group, its lists) for every group; for a step of one tensor, its
-  /// group alone with its part of the lists (launches sized to it).
+  /// group alone with its part of the lists (launches sized to it); for a
+  /// step of none, nothing.
   template <class F>
   void for_groups(F&& f) const {
+    if (focus_ == no_tensor) return;
     if (focus_ >= 0) {
       const TensorPart& q = tables_.parts[static_cast<std::size_t>(focus_)];
       if (q.group < 0) return;
@@ -830,7 +833,10 @@ class CudaBackend {
   cuda::StepControl control_{};  ///< what control_d_ holds once control_uploaded_
   bool control_uploaded_ = false;
   bool counts_step_ = true;  ///< the step being enqueued advances the optimizer count (StepSettings::counts_step)
-  int focus_ = -1;           ///< the one tensor the step being enqueued steps, or -1
+  /// The one tensor the step being enqueued steps, or -1 (several), or
+  /// no_tensor (none: a step that only counts, as finish_step()'s).
+  int focus_ = -1;
+  static constexpr int no_tensor = -2;
   Array<cuda::CheckOutcome> outcome_;
   Array<cuda::OpenOutcome> open_outcome_;  ///< the step inside backward's verdicts (begin_verdicts)
   Array<double> norm_sq_;  ///< the last clipping step's sum of g^2
