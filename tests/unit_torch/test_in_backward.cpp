@@ -33,6 +33,13 @@ Named leaf_params() {
   return p;
 }
 
+/// An independent copy of a parameter set, requiring gradients as well.
+Named leaf_clone(const Named& ps) {
+  Named out = clone(ps);
+  for (auto& [name, t] : out) t.requires_grad_(true);
+  return out;
+}
+
 /// A loss whose gradient with respect to each parameter is exactly g[i]
 /// (sum of p * g, with g constant; the parameters with no g take no part).
 torch::Tensor loss_with_grads(const Named& ps, const std::vector<torch::Tensor>& g) {
@@ -105,8 +112,7 @@ TEST_CASE_TEMPLATE("the step inside backward gives the plain step's bits and fre
                    skewadam::SkewAdamTiers, skewadam::AdamWTiers, skewadam::AdafactorTiers,
                    skewadam::SkewAdam8bitTiers) {
   Named a = leaf_params();
-  Named b = clone(a);
-  for (auto& [name, t] : b) t.requires_grad_(true);
+  Named b = leaf_clone(a);
   skewadam::libtorch::Optimizer<Tiers> plain(a, test_options());
   skewadam::libtorch::Optimizer<Tiers> inside(b, test_options());
   inside.step_in_backward();
@@ -167,8 +173,7 @@ TEST_CASE("the step inside backward refuses global-norm clipping, and its hooks 
 
 TEST_CASE("the step inside backward: a frozen parameter is left alone, as torch's optimizers leave it") {
   Named a = leaf_params();
-  Named b = clone(a);
-  for (auto& [name, t] : b) t.requires_grad_(true);
+  Named b = leaf_clone(a);
   a[1].second.requires_grad_(false);
   b[1].second.requires_grad_(false);
   skewadam::libtorch::SkewAdam plain(a, test_options());
@@ -194,8 +199,7 @@ TEST_CASE("the step inside backward: a backward that raises part way leaves a st
   for (const char* ends_it : {"zero_grad", "step", "next backward"}) {
     CAPTURE(ends_it);
     Named a = leaf_params();
-    Named b = clone(a);
-    for (auto& [name, t] : b) t.requires_grad_(true);
+    Named b = leaf_clone(a);
     skewadam::libtorch::SkewAdam plain(a, test_options());
     skewadam::libtorch::SkewAdam inside(b, test_options());
     inside.step_in_backward();
@@ -252,8 +256,7 @@ TEST_CASE("the step inside backward: a backward that raises part way leaves a st
 
 TEST_CASE("the step inside backward under nonfinite raise: the hook raises out of backward, and training goes on") {
   Named a = leaf_params();
-  Named b = clone(a);
-  for (auto& [name, t] : b) t.requires_grad_(true);
+  Named b = leaf_clone(a);
   skewadam::libtorch::Options o = test_options();
   o.nonfinite = skewadam::NonFinitePolicy::raise;
   skewadam::libtorch::SkewAdam plain(a, o);
@@ -290,8 +293,7 @@ TEST_CASE("the step inside backward under nonfinite raise: the hook raises out o
 
 TEST_CASE("the step inside backward refuses a second backward before step(), before it changes anything") {
   Named a = leaf_params();
-  Named b = clone(a);
-  for (auto& [name, t] : b) t.requires_grad_(true);
+  Named b = leaf_clone(a);
   skewadam::libtorch::SkewAdam plain(a, test_options());
   skewadam::libtorch::SkewAdam inside(b, test_options());
   inside.step_in_backward();
