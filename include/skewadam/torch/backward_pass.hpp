@@ -49,9 +49,9 @@ class BackwardPasses {
       ++state_->pending;
     }
     try {
-      ::torch::autograd::Engine::get_default_engine().queue_callback([sentinel] { sentinel->ended(); });
-    } catch (...) {  // not inside a backward pass
-      sentinel->forget();
+      ::torch::autograd::Engine::get_default_engine().queue_callback([sentinel] { sentinel->settle(); });
+    } catch (...) {  // not inside a backward pass: nothing will end it
+      sentinel->settle();
     }
   }
   /// Whether the last pass was cut short and that is not yet acknowledged.
@@ -84,8 +84,7 @@ class BackwardPasses {
         s->cut = true;
       }
     }
-    void ended() { settle(); }
-    void forget() { settle(); }
+    /// The pass ended normally (or there is none to end).
     void settle() {
       if (done) return;
       done = true;
