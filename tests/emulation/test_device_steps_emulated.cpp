@@ -156,27 +156,23 @@ TEST_CASE("device counts: a step inside backward launches blocks for its own ten
     alone.step(one);
     (void)alone.finish_step();
   }
-  long before = emu::Runtime::blocks();
-  all.step(ids[k]);
-  const long in_all = emu::Runtime::blocks() - before;
-  before = emu::Runtime::blocks();
-  alone.step(one);
-  const long by_itself = emu::Runtime::blocks() - before;
-  before = emu::Runtime::blocks();
-  (void)all.finish_step();
-  const long finish = emu::Runtime::blocks() - before;  // counts the step: no tensor's work
-  before = emu::Runtime::blocks();
-  all.step();
-  const long whole = emu::Runtime::blocks() - before;
+  // blocks launched by f()
+  auto blocks_of = [](auto&& f) {
+    const long before = emu::Runtime::blocks();
+    f();
+    return emu::Runtime::blocks() - before;
+  };
+  const long in_all = blocks_of([&] { all.step(ids[k]); });
+  const long by_itself = blocks_of([&] { alone.step(one); });
+  const long finish = blocks_of([&] { (void)all.finish_step(); });  // counts the step: no tensor's work
+  const long whole = blocks_of([&] { all.step(); });
   (void)alone.finish_step();
   CHECK(in_all == by_itself);
   // a step of the LayerNorm's 24 weights: a handful of one-block launches,
   // against the whole model's hundreds
   const std::size_t ln = 2;
   REQUIRE(m.tensors[ln].numel() == 24);
-  before = emu::Runtime::blocks();
-  all.step(ids[ln]);
-  const long small = emu::Runtime::blocks() - before;
+  const long small = blocks_of([&] { all.step(ids[ln]); });
   (void)all.finish_step();
   INFO("blocks: whole step ", whole, ", the router alone ", in_all, ", the LayerNorm alone ", small,
        ", finish_step() ", finish);
