@@ -6,7 +6,7 @@
 #include <skewadam/torch/optimizer.hpp>
 
 #define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
+#include "doctest_torch.hpp"
 
 #include <torch/cuda.h>
 

@@ -4,7 +4,7 @@
 // (DOCTEST_CHECK: report.hpp brings in LibTorch, whose glog has a CHECK of
 // its own.)
 
-#include <doctest/doctest.h>
+#include "doctest_torch.hpp"
 
 #include <algorithm>
 #include <cmath>

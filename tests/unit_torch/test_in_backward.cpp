@@ -12,7 +12,7 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include <doctest/doctest.h>
+#include "doctest_torch.hpp"
 
 #include <limits>
 #include <memory>

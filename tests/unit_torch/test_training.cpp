@@ -4,7 +4,7 @@
 
 #include <skewadam/torch/optimizer.hpp>
 
-#include <doctest/doctest.h>
+#include "doctest_torch.hpp"
 
 #include <torch/torch.h>
 
