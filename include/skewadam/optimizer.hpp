@@ -80,6 +80,7 @@
 #include "tensor_view.hpp"
 #include "tier.hpp"
 #include "tier_rules.hpp"
+#include "variants.hpp"
 #include "tier_settings.hpp"
 #include "tier_table.hpp"
 
@@ -875,12 +876,8 @@ class Optimizer : public OptimizerBase<Backend, Placement> {
 };
 
 // ----------------------------------------------------------------- variants
-using SkewAdam = Optimizer<SkewAdamTiers>;
-using ExpertMomentumAblation = Optimizer<ExpertMomentumTiers>;
-using FactoredRouterAblation = Optimizer<FactoredRouterTiers>;
-using UniformAblation = Optimizer<UniformTiers>;
-using AdafactorLike = Optimizer<AdafactorTiers>;
-using ExactExpertsAblation = Optimizer<ExactExpertsTiers>;
-using AdamW = Optimizer<AdamWTiers>;
+// SkewAdam, SkewAdamBf16Momentum, SkewAdam8bit, the ablations, AdafactorLike
+// and AdamW: Optimizer<Tiers> of each variant of the list (variants.hpp).
+SKEWADAM_VARIANT_ALIASES()
 
 }  // namespace skewadam

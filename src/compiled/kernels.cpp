@@ -9,7 +9,7 @@
 
 #define SKEWADAM_COMPILED_BUILDING
 #include <skewadam/compiled.hpp>
-#include <skewadam/tier_rules.hpp>
+#include <skewadam/variants.hpp>
 
 #include <type_traits>
 
@@ -24,19 +24,19 @@ struct RuleList {
 using Shipped = RuleList<SKEWADAM_SHIPPED_RULES(SKEWADAM_LIST_RULE_, ~) void>;
 #undef SKEWADAM_LIST_RULE_
 
-/// Every rule a shipped tier alias gives a tensor is in the library.
-template <class... Tiers>
-constexpr bool all_listed() {
-  auto tier = []<class T>() {
-    return Shipped::has<typename T::backbone> && Shipped::has<typename T::backbone::rank1_rule> &&
-           Shipped::has<typename T::experts> && Shipped::has<typename T::experts::rank1_rule> &&
-           Shipped::has<typename T::router> && Shipped::has<typename T::router::rank1_rule>;
-  };
-  return (tier.template operator()<Tiers>() && ...);
+/// Every rule a variant (variants.hpp) gives a tensor is in the library.
+template <class Tiers>
+constexpr bool listed() {
+  return Shipped::has<typename Tiers::backbone> && Shipped::has<typename Tiers::backbone::rank1_rule> &&
+         Shipped::has<typename Tiers::experts> && Shipped::has<typename Tiers::experts::rank1_rule> &&
+         Shipped::has<typename Tiers::router> && Shipped::has<typename Tiers::router::rank1_rule>;
 }
-static_assert(all_listed<SkewAdamTiers, SkewAdamBf16Tiers, SkewAdam8bitTiers, ExpertMomentumTiers,
-                         FactoredRouterTiers, UniformTiers, AdafactorTiers, ExactExpertsTiers, AdamWTiers>(),
-              "SKEWADAM_SHIPPED_RULES (skewadam/compiled.hpp) misses a rule of a shipped tier alias");
+template <class... Tiers>
+constexpr bool all_listed(VariantList<Tiers...>) {
+  return (listed<Tiers>() && ...);
+}
+static_assert(all_listed(Variants{}),
+              "SKEWADAM_SHIPPED_RULES (skewadam/compiled.hpp) misses a rule of a variant (skewadam/variants.hpp)");
 
 }  // namespace skewadam::compiled_check
 

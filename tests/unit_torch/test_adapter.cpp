@@ -3,7 +3,7 @@
 
 #include <skewadam/torch/optimizer.hpp>
 
-#include <doctest/doctest.h>
+#include "doctest_torch.hpp"
 
 #include <torch/torch.h>
 
@@ -139,6 +139,22 @@ TEST_CASE_TEMPLATE("the adapter updates tensors bit for bit as the library does"
                    skewadam::SkewAdamBf16Tiers, skewadam::SkewAdam8bitTiers) {
   SUBCASE("without gradient clipping") { check_matches_core<Tiers>(false); }
   SUBCASE("with global gradient-norm clipping") { check_matches_core<Tiers>(true); }
+}
+
+// A variant whose device engine is missing would run on the CPU core (for CPU
+// tensors, where the emulated engines are registered) and pass every test
+// there: each one must run on the engine this program registers.
+TEST_CASE("every variant runs on the engine registered for the test device, not on the CPU core instead") {
+  skewadam::Variants::for_each([]<class Tiers>() {
+    const std::string name(skewadam::Variant<Tiers>::name);
+    CAPTURE(name);
+    const skewadam::libtorch::Optimizer<Tiers> opt(make_params(), test_options());
+    using cpu_core_type = skewadam::libtorch::CoreOf<typename skewadam::libtorch::Optimizer<Tiers>::core_type>;
+    const bool cpu_core = dynamic_cast<const cpu_core_type*>(&opt.engine_core()) != nullptr;
+    CHECK(cpu_core == !device_engine_expected());
+    CHECK((skewadam::libtorch::device_core<Tiers>(test_device().is_cuda() ? "cuda" : "cpu") != nullptr) ==
+          device_engine_expected());
+  });
 }
 
 TEST_CASE("tiers, param groups and state views") {

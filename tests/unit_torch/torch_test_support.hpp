@@ -26,6 +26,19 @@ inline torch::Device test_device() {
 #endif
 }
 
+/// Whether this test program registers a device engine for test_device()
+/// that every variant must run on: the CUDA engines (skewadam-torch-cuda-tests),
+/// or the emulated ones (skewadam-torch-device-tests, whose registration sets
+/// it); false where the CPU core is the engine.
+inline bool& device_engine_expected() {
+#if defined(SKEWADAM_TORCH_TEST_CUDA)
+  static bool expected = true;
+#else
+  static bool expected = false;
+#endif
+  return expected;
+}
+
 /// `t` on the test device (the same tensor when it is there already).
 inline torch::Tensor on(const torch::Tensor& t) { return t.to(test_device()); }
 

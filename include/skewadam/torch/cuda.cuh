@@ -30,6 +30,7 @@
 #include <memory>
 
 #include "../cuda.cuh"
+#include "../variants.hpp"
 #include "core.hpp"
 
 namespace skewadam::libtorch {
@@ -95,6 +96,15 @@ struct RegisterCudaCore {
   }
 };
 
+/// Registers the CUDA engines of every variant of a VariantList while it
+/// lives (SKEWADAM_LIBTORCH_CUDA_ALL_VARIANTS).
+template <class List>
+struct RegisterCudaCores {
+  RegisterCudaCores() {
+    List::for_each([]<class Tiers>() { RegisterCudaCore<Tiers>{}; });
+  }
+};
+
 }  // namespace skewadam::libtorch
 
 #define SKEWADAM_LIBTORCH_CUDA_CONCAT_(a, b) a##b
@@ -104,19 +114,8 @@ struct RegisterCudaCore {
 #define SKEWADAM_LIBTORCH_CUDA(Tiers) \
   static const ::skewadam::libtorch::RegisterCudaCore<Tiers> SKEWADAM_LIBTORCH_CUDA_NAME_(__LINE__){};
 
-/// The CUDA engines of every variant the library names (SkewAdam, its
+/// The CUDA engines of every variant the library names (skewadam::Variants,
+/// variants.hpp: SkewAdam with its momentum in fp32, bf16 or 8 bits, the
 /// ablations, Adafactor-like and AdamW); once per program, at namespace scope.
-#define SKEWADAM_LIBTORCH_CUDA_ALL_VARIANTS()                                       \
-  static const ::skewadam::libtorch::RegisterCudaCore<::skewadam::SkewAdamTiers>   \
-      skewadam_libtorch_cuda_skewadam_{};                                          \
-  static const ::skewadam::libtorch::RegisterCudaCore<::skewadam::ExpertMomentumTiers> \
-      skewadam_libtorch_cuda_expert_momentum_{};                                   \
-  static const ::skewadam::libtorch::RegisterCudaCore<::skewadam::FactoredRouterTiers> \
-      skewadam_libtorch_cuda_factored_router_{};                                   \
-  static const ::skewadam::libtorch::RegisterCudaCore<::skewadam::UniformTiers>    \
-      skewadam_libtorch_cuda_uniform_{};                                           \
-  static const ::skewadam::libtorch::RegisterCudaCore<::skewadam::AdafactorTiers>  \
-      skewadam_libtorch_cuda_adafactor_{};                                         \
-  static const ::skewadam::libtorch::RegisterCudaCore<::skewadam::ExactExpertsTiers> \
-      skewadam_libtorch_cuda_exact_experts_{};                                     \
-  static const ::skewadam::libtorch::RegisterCudaCore<::skewadam::AdamWTiers> skewadam_libtorch_cuda_adamw_{};
+#define SKEWADAM_LIBTORCH_CUDA_ALL_VARIANTS() \
+  static const ::skewadam::libtorch::RegisterCudaCores<::skewadam::Variants> skewadam_libtorch_cuda_variants_{};

@@ -114,6 +114,7 @@
 #include "../tier_assignment.hpp"
 #include "../tier_rules.hpp"
 #include "../tier_table.hpp"
+#include "../variants.hpp"
 #include "archive.hpp"
 #include "core.hpp"
 #include "options.hpp"
@@ -926,14 +927,8 @@ class Optimizer : public OptimizerBase {
 };
 
 // ----------------------------------------------------------------- variants
-using SkewAdam = Optimizer<SkewAdamTiers>;
-using SkewAdamBf16Momentum = Optimizer<SkewAdamBf16Tiers>;  ///< the backbone's momentum in bf16
-using SkewAdam8bit = Optimizer<SkewAdam8bitTiers>;          ///< the backbone's momentum in 8 bits
-using ExpertMomentumAblation = Optimizer<ExpertMomentumTiers>;
-using FactoredRouterAblation = Optimizer<FactoredRouterTiers>;
-using UniformAblation = Optimizer<UniformTiers>;
-using AdafactorLike = Optimizer<AdafactorTiers>;
-using ExactExpertsAblation = Optimizer<ExactExpertsTiers>;
-using AdamW = Optimizer<AdamWTiers>;
+// SkewAdam, SkewAdamBf16Momentum, SkewAdam8bit, the ablations, AdafactorLike
+// and AdamW, as in the core (variants.hpp): Optimizer<Tiers> of each.
+SKEWADAM_VARIANT_ALIASES()
 
 }  // namespace skewadam::libtorch
