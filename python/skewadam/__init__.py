@@ -10,43 +10,31 @@ for the keyword arguments they share. save_checkpoint() and load_checkpoint()
 write and read the library's checkpoint file, the one C++ programs write.
 """
 
-from . import _skewadam
+from . import _skewadam, optim
 from .optim import (
-    AdafactorLike,
-    AdamW,
+    VARIANTS,
     CheckpointError,
-    ExactExpertsAblation,
-    ExpertMomentumAblation,
-    FactoredRouterAblation,
     NonFiniteGradientError,
-    SkewAdam,
-    SkewAdam8bit,
-    SkewAdamBf16Momentum,
     StepReport,
     TieredOptimizer,
-    UniformAblation,
     load_checkpoint,
     save_checkpoint,
 )
+
+# The optimizer classes, one per variant the library names (VARIANTS).
+globals().update({name: getattr(optim, name) for name in VARIANTS})
 
 __version__ = _skewadam.version
 #: whether this build holds the CUDA engines (parameters on a CUDA device)
 cuda = _skewadam.cuda
 
 __all__ = [
-    "AdafactorLike",
-    "AdamW",
+    *VARIANTS,
+    "VARIANTS",
     "CheckpointError",
-    "ExactExpertsAblation",
-    "ExpertMomentumAblation",
-    "FactoredRouterAblation",
     "NonFiniteGradientError",
-    "SkewAdam",
-    "SkewAdam8bit",
-    "SkewAdamBf16Momentum",
     "StepReport",
     "TieredOptimizer",
-    "UniformAblation",
     "cuda",
     "load_checkpoint",
     "save_checkpoint",

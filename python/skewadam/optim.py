@@ -553,25 +553,8 @@ def _variant(name, engine, doc):
     return cls
 
 
-SkewAdam = _variant("SkewAdam", _skewadam.SkewAdamEngine,
-                    "SkewAdam: backbone momentum + factored second moment, experts factored only, router exact.")
-SkewAdamBf16Momentum = _variant("SkewAdamBf16Momentum", _skewadam.SkewAdamBf16MomentumEngine,
-                                "SkewAdam with the backbone's momentum stored in bf16, stochastically rounded (half "
-                                "its bytes); param_state()['m'] holds its stored words, flat.")
-SkewAdam8bit = _variant("SkewAdam8bit", _skewadam.SkewAdam8bitEngine,
-                        "SkewAdam with the backbone's momentum stored in 8 bits, an fp32 scale per block of 256 "
-                        "elements (a little over a quarter of its bytes); param_state()['m'] holds its stored "
-                        "words, flat.")
-ExpertMomentumAblation = _variant("ExpertMomentumAblation", _skewadam.ExpertMomentumAblationEngine,
-                                  "The paper's ablation: the experts keep momentum too.")
-FactoredRouterAblation = _variant("FactoredRouterAblation", _skewadam.FactoredRouterAblationEngine,
-                                  "The paper's ablation: the router's second moment is factored.")
-ExactExpertsAblation = _variant("ExactExpertsAblation", _skewadam.ExactExpertsAblationEngine,
-                                "The experts keep momentum and an exact second moment (AdamW's state).")
-UniformAblation = _variant("UniformAblation", _skewadam.UniformAblationEngine,
-                           "The paper's ablation: momentum + factored second moment everywhere.")
-AdafactorLike = _variant("AdafactorLike", _skewadam.AdafactorLikeEngine,
-                         "No momentum anywhere, factored second moment (Adafactor-like).")
-AdamW = _variant("AdamW", _skewadam.AdamWEngine,
-                 "AdamW from the library's parts: momentum, exact second moment, eps added to sqrt(v), no update "
-                 "clipping (clip_threshold is ignored).")
+#: The optimizer classes, one per variant of the library's list
+#: (skewadam/variants.hpp): SkewAdam, SkewAdamBf16Momentum, SkewAdam8bit, the
+#: paper's ablations, AdafactorLike and AdamW.
+VARIANTS = tuple(name for name, _, _ in _skewadam.variants)
+globals().update({name: _variant(name, engine, doc) for name, engine, doc in _skewadam.variants})

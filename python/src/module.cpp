@@ -9,6 +9,7 @@
 
 #include <skewadam/checkpoint/format.hpp>
 #include <skewadam/nonfinite.hpp>
+#include <skewadam/variants.hpp>
 #include <skewadam/version.hpp>
 
 namespace skewadam::python {
@@ -39,22 +40,18 @@ void bind_engine_base(py::module_& m) {
       .def("hyperparameters", &E::hyperparameters);
 }
 
-/// SkewAdam, with its backbone momentum in fp32, bf16 or 8 bits, and the
-/// paper's ablations of it.
-void bind_paper_variants(py::module_& m) {
-  bind_engine<SkewAdamTiers>(m, "SkewAdamEngine");
-  bind_engine<SkewAdamBf16Tiers>(m, "SkewAdamBf16MomentumEngine");
-  bind_engine<SkewAdam8bitTiers>(m, "SkewAdam8bitEngine");
-  bind_engine<ExpertMomentumTiers>(m, "ExpertMomentumAblationEngine");
-  bind_engine<FactoredRouterTiers>(m, "FactoredRouterAblationEngine");
-  bind_engine<ExactExpertsTiers>(m, "ExactExpertsAblationEngine");
-}
-
-/// The uniform ablation and the baselines: Adafactor-like and AdamW.
-void bind_baselines(py::module_& m) {
-  bind_engine<UniformTiers>(m, "UniformAblationEngine");
-  bind_engine<AdafactorTiers>(m, "AdafactorLikeEngine");
-  bind_engine<AdamWTiers>(m, "AdamWEngine");
+/// The engine of every variant the library names (skewadam::Variants), as
+/// the class <Name>Engine, and the list `variants` of (name, engine class,
+/// what it is) from which the package makes its optimizer classes.
+void bind_variants(py::module_& m) {
+  py::list variants;
+  Variants::for_each([&]<class Tiers>() {
+    static const std::string engine = std::string(Variant<Tiers>::name) + "Engine";
+    bind_engine<Tiers>(m, engine.c_str());
+    variants.append(py::make_tuple(std::string(Variant<Tiers>::name), m.attr(engine.c_str()),
+                                   std::string(Variant<Tiers>::doc)));
+  });
+  m.attr("variants") = variants;
 }
 
 }  // namespace skewadam::python
@@ -63,8 +60,7 @@ PYBIND11_MODULE(_skewadam, m) {
   m.doc() = "skewadam's compiled engines (use the classes of the skewadam package)";
   // (before the variants, whose classes derive from it)
   skewadam::python::bind_engine_base(m);
-  skewadam::python::bind_paper_variants(m);
-  skewadam::python::bind_baselines(m);
+  skewadam::python::bind_variants(m);
   pybind11::register_exception<skewadam::NonFiniteGradientError>(m, "NonFiniteGradientError", PyExc_RuntimeError);
   // A checkpoint file that cannot be read, or does not match the optimizer.
   pybind11::register_exception<skewadam::CheckpointError>(m, "CheckpointError", PyExc_ValueError);

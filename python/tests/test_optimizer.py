@@ -13,9 +13,8 @@ from torch import nn
 
 import skewadam
 
-VARIANTS = [skewadam.SkewAdam, skewadam.AdamW, skewadam.AdafactorLike, skewadam.UniformAblation,
-            skewadam.ExpertMomentumAblation, skewadam.FactoredRouterAblation, skewadam.ExactExpertsAblation,
-            skewadam.SkewAdamBf16Momentum, skewadam.SkewAdam8bit]
+# Every variant the library names (on CUDA, each needs its CUDA engine).
+VARIANTS = [getattr(skewadam, name) for name in skewadam.VARIANTS]
 
 
 class TinyMoE(nn.Module):
