@@ -6,9 +6,10 @@
 #   skewadam-torch-headers-cxx   the adapter's tests as skewadam-torch-cuda-tests
 #                                compiles them (one unit), the Python
 #                                module's source and the moe_lm demo's;
-#   skewadam-torch-headers-cuda  with nvcc: the CUDA engines' translation units
-#                                of the tests, the Python package and the demo
-#                                (torch/cuda.cuh, every variant).
+#   skewadam-torch-headers-cuda  with nvcc: the CUDA engines' translation unit
+#                                (torch/cuda.cuh, every variant): the Python
+#                                package's, whose two lines the tests' and
+#                                the demo's repeat.
 # Included by tests/CMakeLists.txt.
 
 if(NOT EXISTS ${SKEWADAM_TORCH_HEADERS}/torch/csrc/api/include/torch/torch.h OR
@@ -61,8 +62,7 @@ target_compile_features(skewadam-torch-headers-cxx PRIVATE cxx_std_20)
 # (compiled to check, never run: unoptimized)
 target_compile_options(skewadam-torch-headers-cxx PRIVATE -O0)
 
-add_library(skewadam-torch-headers-cuda OBJECT ${_unit_torch}/cuda_engines.cu
-            ${PROJECT_SOURCE_DIR}/python/src/cuda_engines.cu ${PROJECT_SOURCE_DIR}/examples/moe_lm/cuda_engines.cu)
+add_library(skewadam-torch-headers-cuda OBJECT ${PROJECT_SOURCE_DIR}/python/src/cuda_engines.cu)
 target_include_directories(skewadam-torch-headers-cuda SYSTEM BEFORE PRIVATE ${_torch_headers})
 target_compile_definitions(skewadam-torch-headers-cuda PRIVATE ${_torch_definitions})
 target_link_libraries(skewadam-torch-headers-cuda PRIVATE skewadam::cuda)
