@@ -17,23 +17,23 @@ namespace skewadam {
 /// X(Name, Tiers, Doc) for every variant, in the order the Python package
 /// lists them: Name is the alias's name in every language, Tiers its
 /// TierRules, Doc one sentence saying what it is.
-#define SKEWADAM_VARIANTS(X)                                                                                         \
-  X(SkewAdam, SkewAdamTiers,                                                                                         \
-    "SkewAdam: backbone momentum + factored second moment, experts factored only, router exact.")                   \
-  X(SkewAdamBf16Momentum, SkewAdamBf16Tiers,                                                                         \
-    "SkewAdam with the backbone's momentum stored in bf16, stochastically rounded (half its bytes); its "         \
-    "param_state's m holds the stored words, flat.")                \
-  X(SkewAdam8bit, SkewAdam8bitTiers,                                                                                 \
-    "SkewAdam with the backbone's momentum stored in 8 bits, an fp32 scale per block of 256 elements (a little "     \
-    "over a quarter of its bytes); its param_state's m holds the stored words, flat.")                                                                                 \
-  X(ExpertMomentumAblation, ExpertMomentumTiers, "The paper's ablation: the experts keep momentum too.")             \
-  X(FactoredRouterAblation, FactoredRouterTiers, "The paper's ablation: the router's second moment is factored.")    \
-  X(ExactExpertsAblation, ExactExpertsTiers,                                                                         \
-    "The experts keep momentum and an exact second moment (AdamW's state).")                                         \
-  X(UniformAblation, UniformTiers, "The paper's ablation: momentum + factored second moment everywhere.")           \
-  X(AdafactorLike, AdafactorTiers, "No momentum anywhere, factored second moment (Adafactor-like).")                \
-  X(AdamW, AdamWTiers,                                                                                               \
-    "AdamW from the library's parts: momentum, exact second moment, eps added to sqrt(v), no update clipping "      \
+#define SKEWADAM_VARIANTS(X)                                                                                          \
+  X(SkewAdam, SkewAdamTiers,                                                                                          \
+    "SkewAdam: backbone momentum + factored second moment, experts factored only, router exact.")                     \
+  X(SkewAdamBf16Momentum, SkewAdamBf16Tiers,                                                                          \
+    "SkewAdam with the backbone's momentum stored in bf16, stochastically rounded (half its bytes); its "             \
+    "param_state's m holds the stored words, flat.")                                                                  \
+  X(SkewAdam8bit, SkewAdam8bitTiers,                                                                                  \
+    "SkewAdam with the backbone's momentum stored in 8 bits, an fp32 scale per block of 256 elements (a little "      \
+    "over a quarter of its bytes); its param_state's m holds the stored words, flat.")                                \
+  X(ExpertMomentumAblation, ExpertMomentumTiers, "The paper's ablation: the experts keep momentum too.")              \
+  X(FactoredRouterAblation, FactoredRouterTiers, "The paper's ablation: the router's second moment is factored.")     \
+  X(ExactExpertsAblation, ExactExpertsTiers,                                                                          \
+    "The experts keep momentum and an exact second moment (AdamW's state).")                                          \
+  X(UniformAblation, UniformTiers, "The paper's ablation: momentum + factored second moment everywhere.")             \
+  X(AdafactorLike, AdafactorTiers, "No momentum anywhere, factored second moment (Adafactor-like).")                  \
+  X(AdamW, AdamWTiers,                                                                                                \
+    "AdamW from the library's parts: momentum, exact second moment, eps added to sqrt(v), no update clipping "        \
     "(clip_threshold is ignored).")
 
 /// A list of TierRules variants.
