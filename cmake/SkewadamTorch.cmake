@@ -11,11 +11,16 @@ set(SKEWADAM_TORCH_SKIPPED "" CACHE INTERNAL "why the torch half was skipped (SK
 if(SKEWADAM_WITH_TORCH AND SKEWADAM_TORCH_OPTIONAL)
   set(_probe_dir ${CMAKE_BINARY_DIR}/torch-probe)
   file(REMOVE_RECURSE ${_probe_dir})
-  set(_probe_args -S ${CMAKE_CURRENT_LIST_DIR}/torch_probe -B ${_probe_dir} -G ${CMAKE_GENERATOR}
-      -DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER} "-DCMAKE_PREFIX_PATH=${CMAKE_PREFIX_PATH}")
+  # (the prefix path through the environment, ':'-separated: a ';' list
+  # would be split into separate arguments of the command)
+  string(REPLACE ";" ":" _prefix "${CMAKE_PREFIX_PATH}")
+  set(_probe_args -E env "CMAKE_PREFIX_PATH=${_prefix}" ${CMAKE_COMMAND}
+      -S ${CMAKE_CURRENT_LIST_DIR}/torch_probe -B ${_probe_dir} -G ${CMAKE_GENERATOR}
+      -DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER})
   foreach(_var Torch_DIR CMAKE_CUDA_COMPILER CMAKE_CUDA_ARCHITECTURES CMAKE_MAKE_PROGRAM)
     if(DEFINED ${_var})
-      list(APPEND _probe_args "-D${_var}=${${_var}}")
+      string(REPLACE ";" "\\;" _value "${${_var}}")
+      list(APPEND _probe_args "-D${_var}=${_value}")
     endif()
   endforeach()
   if(SKEWADAM_WITH_CUDA)

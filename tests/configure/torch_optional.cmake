@@ -8,8 +8,11 @@ foreach(_var SOURCE_DIR WORK_DIR GENERATOR)
     message(FATAL_ERROR "torch_optional.cmake: -D${_var}=... is required")
   endif()
 endforeach()
+# (the broken package in the second folder of a prefix path of two, as
+# scripts/gpu-check passes the pack's and torch's)
 set(_common -S ${SOURCE_DIR} -G ${GENERATOR} -DSKEWADAM_WITH_TORCH=ON
-    -DTorch_DIR=${CMAKE_CURRENT_LIST_DIR}/broken_torch -DSKEWADAM_BUILD_EXAMPLES=ON -DSKEWADAM_BUILD_TESTS=OFF
+    "-DCMAKE_PREFIX_PATH=${WORK_DIR}/empty-prefix\;${CMAKE_CURRENT_LIST_DIR}/broken_torch"
+    -DSKEWADAM_BUILD_EXAMPLES=ON -DSKEWADAM_BUILD_TESTS=OFF
     -DSKEWADAM_BUILD_TOOLS=OFF -DSKEWADAM_BUILD_COMPILED=OFF -DSKEWADAM_WITH_MPI=OFF)
 file(REMOVE_RECURSE ${WORK_DIR})
 
