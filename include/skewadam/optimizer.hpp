@@ -80,9 +80,9 @@
 #include "tensor_view.hpp"
 #include "tier.hpp"
 #include "tier_rules.hpp"
-#include "variants.hpp"
 #include "tier_settings.hpp"
 #include "tier_table.hpp"
+#include "variants.hpp"
 
 namespace skewadam {
 

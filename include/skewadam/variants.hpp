@@ -6,9 +6,7 @@
 // Python register (torch/cuda.cuh) and the emulated ones of the tests. A
 // variant added here is one everywhere, on every backend.
 
-#include <cstddef>
 #include <string_view>
-#include <type_traits>
 
 #include "tier_rules.hpp"
 
@@ -39,14 +37,11 @@ namespace skewadam {
 /// A list of TierRules variants.
 template <class... Tiers>
 struct VariantList {
-  static constexpr std::size_t size = sizeof...(Tiers);
   /// f.template operator()<Tiers>() for each, in order.
   template <class F>
   static constexpr void for_each(F&& f) {
     (f.template operator()<Tiers>(), ...);
   }
-  template <class T>
-  static constexpr bool contains = (std::is_same_v<T, Tiers> || ...);
 };
 
 /// What the list says of one variant: its name and what it is.
