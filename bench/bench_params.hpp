@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include <skewadam/dtype.hpp>
-#include <skewadam/shape.hpp>
-#include <skewadam/tier.hpp>
+#include <skewadam/types/dtype.hpp>
+#include <skewadam/types/shape.hpp>
+#include <skewadam/types/tier.hpp>
 
 namespace skewadam_bench {
 

@@ -11,7 +11,7 @@ both. Each compilation's CPU time (user + system of the compiler and its
 children) and peak memory (the largest resident set of the compiler's
 processes) are read from the operating system. The table gives the medians
 and the ratio of the medians; --compiled DIR adds the README's example in the
-compiled mode (SKEWADAM_COMPILED, skewadam/compiled.hpp), DIR being the
+compiled mode (SKEWADAM_COMPILED, skewadam/engine/backend/cpu/compiled.hpp), DIR being the
 folder that holds skewadam/compiled_levels.hpp (the build's generated/
 folder). A report, not a test: nothing is asserted.
 

@@ -45,8 +45,8 @@
 #include <benchmark/benchmark.h>
 
 #include <skewadam/skewadam.hpp>
-#include <skewadam/backend/cpu/cpu_backend.hpp>
-#include <skewadam/backend/cpu/work.hpp>
+#include <skewadam/engine/backend/cpu/cpu_backend.hpp>
+#include <skewadam/engine/backend/cpu/work.hpp>
 
 #include "bench_params.hpp"
 

@@ -1,4 +1,4 @@
-# skewadam::compiled (skewadam/compiled.hpp): the CPU kernels of the shipped
+# skewadam::compiled (skewadam/engine/backend/cpu/compiled.hpp): the CPU kernels of the shipped
 # rules for every dtype and every CPU level this build's flags allow, without
 # contraction of products and sums into fused multiply-adds (the CUDA
 # backend's bits),

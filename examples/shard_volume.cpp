@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
-#include <skewadam/dist/shard_plan.hpp>
+#include <skewadam/engine/placement/shard_plan.hpp>
 #include <skewadam/rules.hpp>
-#include <skewadam/tier_assignment.hpp>
-#include <skewadam/tier_rules.hpp>
+#include <skewadam/tiers/tier_assignment.hpp>
+#include <skewadam/tiers/tier_rules.hpp>
 #include <skewadam_tools/model_presets.hpp>
 
 namespace {

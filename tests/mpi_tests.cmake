@@ -70,7 +70,7 @@ foreach(_set IN LISTS SKEWADAM_GOLDEN_SETS)
         skewadam_full_only(${_set}-mpi/${_name}/ranks-${_ranks} ${_set}-mpi/${_name}/ranks-${_ranks}/independent-check)
       endif()
     endforeach()
-    # The sharded placement over the CUDA backend (backend/cuda/cuda_backend.hpp),
+    # The sharded placement over the CUDA backend (engine/backend/cuda/cuda_backend.hpp),
     # its kernels emulated on the host: at 2 and 3 ranks (rows cut between
     # ranks; whole experts).
     foreach(_ranks 2 3)

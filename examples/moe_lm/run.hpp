@@ -4,8 +4,8 @@
 // --worker), so that its peak resident memory and throughput are its own.
 // It writes its validation curve and a summary of key=value lines.
 
-#include <skewadam/schedule.hpp>
-#include <skewadam/tier_assignment.hpp>
+#include <skewadam/math/schedule.hpp>
+#include <skewadam/tiers/tier_assignment.hpp>
 #include <skewadam/torch/optimizer.hpp>
 
 #include <malloc.h>

@@ -26,16 +26,16 @@
 //   auto graph = opt.capture_step();   // on OptimizerOptions::stream
 //   for (...) { /* write the gradients */ opt.replay(graph); }
 //
-// The backend is backend/cuda/cuda_backend.hpp, the runtime
-// backend/cuda/runtime.cuh. cuda::ShardedOptimizer<Tiers, Comm> shards the
-// state over the ranks of a communicator (MPI, NCCL; placement/sharded.hpp):
+// The backend is engine/backend/cuda/cuda_backend.hpp, the runtime
+// engine/backend/cuda/runtime.cuh. cuda::ShardedOptimizer<Tiers, Comm> shards the
+// state over the ranks of a communicator (MPI, NCCL; engine/placement/sharded.hpp):
 // step() is collective, gather_params() completes every rank's parameters,
 // save_checkpoint / load_checkpoint write and read the single-process file.
 
-#include "backend/cuda/cuda_backend.hpp"
-#include "backend/cuda/runtime.cuh"
+#include "engine/backend/cuda/cuda_backend.hpp"
+#include "engine/backend/cuda/runtime.cuh"
+#include "engine/placement/sharded.hpp"
 #include "optimizer.hpp"
-#include "placement/sharded.hpp"
 
 namespace skewadam::cuda {
 
@@ -47,7 +47,7 @@ template <class Tiers = SkewAdamTiers>
 using Optimizer = skewadam::Optimizer<Tiers, Backend>;
 
 /// The front-end over it, the state sharded over the ranks of a Comm
-/// (placement/sharded.hpp); several ranks may share a GPU.
+/// (engine/placement/sharded.hpp); several ranks may share a GPU.
 template <class Tiers = SkewAdamTiers, dist::Communicator Comm = dist::SelfCommunicator>
 using ShardedOptimizer = skewadam::Optimizer<Tiers, Backend, dist::Sharded<Comm>>;
 

@@ -17,7 +17,7 @@
 #include <string_view>
 #include <type_traits>
 
-#include "tensor_view.hpp"
+#include "types/tensor_view.hpp"
 
 namespace skewadam {
 

@@ -39,9 +39,9 @@
 //
 // Where the state lives and how a step runs is the engine's business
 // (engine.hpp): Engine<Backend, Placement>, the step skeleton over a
-// backend (backend/backend.hpp: the CPU backend, or with skewadam/cuda.cuh
-// the CUDA backend) and a placement: Local (placement/local.hpp) holds
-// everything in this process, dist::Sharded<Comm> (placement/sharded.hpp,
+// backend (engine/backend/backend.hpp: the CPU backend, or with skewadam/cuda.cuh
+// the CUDA backend) and a placement: Local (engine/placement/local.hpp) holds
+// everything in this process, dist::Sharded<Comm> (engine/placement/sharded.hpp,
 // dist/sharded_optimizer.hpp) shards the state over the ranks of a
 // communicator. Members that only make sense for one placement exist only
 // for it (state() for Local; rank(), pieces(), gather_params()... for
@@ -62,27 +62,27 @@
 #include <utility>
 #include <vector>
 
-#include "backend/cpu/cpu_backend.hpp"
-#include "checks.hpp"
-#include "config.hpp"
-#include "dtype.hpp"
-#include "engine.hpp"
-#include "hyperparameters.hpp"
-#include "nonfinite.hpp"
-#include "optimizer_options.hpp"
-#include "optimizer_state.hpp"
-#include "param_state.hpp"
-#include "placement/local.hpp"
-#include "random.hpp"
-#include "rule_dispatch.hpp"
-#include "state_layout.hpp"
-#include "step_scalars.hpp"
-#include "tensor_view.hpp"
-#include "tier.hpp"
-#include "tier_rules.hpp"
-#include "tier_settings.hpp"
-#include "tier_table.hpp"
-#include "variants.hpp"
+#include "detail/config.hpp"
+#include "engine/backend/cpu/cpu_backend.hpp"
+#include "engine/engine.hpp"
+#include "engine/nonfinite.hpp"
+#include "engine/optimizer_options.hpp"
+#include "engine/placement/local.hpp"
+#include "math/hyperparameters.hpp"
+#include "math/random.hpp"
+#include "math/step_scalars.hpp"
+#include "rules/rule_dispatch.hpp"
+#include "state/optimizer_state.hpp"
+#include "state/param_state.hpp"
+#include "state/state_layout.hpp"
+#include "tiers/tier_rules.hpp"
+#include "tiers/tier_settings.hpp"
+#include "tiers/tier_table.hpp"
+#include "tiers/variants.hpp"
+#include "types/checks.hpp"
+#include "types/dtype.hpp"
+#include "types/tensor_view.hpp"
+#include "types/tier.hpp"
 
 namespace skewadam {
 

@@ -30,12 +30,12 @@
 #include <string_view>
 #include <vector>
 
-#include "config.hpp"
-#include "dtype.hpp"
-#include "shape.hpp"
-#include "state_layout.hpp"
-#include "tier.hpp"
-#include "tier_assignment.hpp"
+#include "detail/config.hpp"
+#include "state/state_layout.hpp"
+#include "tiers/tier_assignment.hpp"
+#include "types/dtype.hpp"
+#include "types/shape.hpp"
+#include "types/tier.hpp"
 
 namespace skewadam {
 

@@ -554,7 +554,7 @@ def _variant(name, engine, doc):
 
 
 #: The optimizer classes, one per variant of the library's list
-#: (skewadam/variants.hpp): SkewAdam, SkewAdamBf16Momentum, SkewAdam8bit, the
+#: (skewadam/tiers/variants.hpp): SkewAdam, SkewAdamBf16Momentum, SkewAdam8bit, the
 #: paper's ablations, AdafactorLike and AdamW.
 VARIANTS = tuple(name for name, _, _ in _skewadam.variants)
 globals().update({name: _variant(name, engine, doc) for name, engine, doc in _skewadam.variants})

@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include <skewadam/rule_name.hpp>
+#include <skewadam/rules/rule_name.hpp>
 #include <skewadam/torch/optimizer.hpp>
 
 namespace skewadam::python {

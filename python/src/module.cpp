@@ -8,8 +8,8 @@
 #include <string>
 
 #include <skewadam/checkpoint/format.hpp>
-#include <skewadam/nonfinite.hpp>
-#include <skewadam/variants.hpp>
+#include <skewadam/engine/nonfinite.hpp>
+#include <skewadam/tiers/variants.hpp>
 #include <skewadam/version.hpp>
 
 namespace skewadam::python {

@@ -1,4 +1,4 @@
-// One part of skewadam::compiled (skewadam/compiled.hpp): the kernel tables
+// One part of skewadam::compiled (skewadam/engine/backend/cpu/compiled.hpp): the kernel tables
 // of one CPU level for parameters of one element type, every rule of a list.
 // The build compiles this file once per level and type, naming them in
 // SKEWADAM_COMPILED_PART_LEVEL (AVX512, AVX2, SSE, NEON, SCALAR) and
@@ -8,8 +8,8 @@
 // tools' own rules).
 
 #define SKEWADAM_COMPILED_BUILDING
-#include <skewadam/compiled.hpp>
-#include <skewadam/variants.hpp>
+#include <skewadam/engine/backend/cpu/compiled.hpp>
+#include <skewadam/tiers/variants.hpp>
 
 #include <type_traits>
 
@@ -36,7 +36,7 @@ constexpr bool all_listed(VariantList<Tiers...>) {
   return (listed<Tiers>() && ...);
 }
 static_assert(all_listed(Variants{}),
-              "SKEWADAM_SHIPPED_RULES (skewadam/compiled.hpp) misses a rule of a variant (skewadam/variants.hpp)");
+              "SKEWADAM_SHIPPED_RULES (skewadam/engine/backend/cpu/compiled.hpp) misses a rule of a variant (skewadam/tiers/variants.hpp)");
 
 }  // namespace skewadam::compiled_check
 

@@ -27,7 +27,7 @@
 
 #include <skewadam/checkpoint.hpp>
 #include <skewadam/skewadam.hpp>
-#include <skewadam/tier_assignment.hpp>
+#include <skewadam/tiers/tier_assignment.hpp>
 #include <skewadam_tools/npy.hpp>
 
 namespace {

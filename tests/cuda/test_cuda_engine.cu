@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include <skewadam/backend/cuda/device_buffer.cuh>
+#include <skewadam/engine/backend/cuda/device_buffer.cuh>
 #include <skewadam/checkpoint.hpp>
 #include <skewadam/cuda.cuh>
 #include <skewadam/eigen_view.hpp>

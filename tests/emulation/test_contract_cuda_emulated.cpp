@@ -1,5 +1,5 @@
 // The contract suite (support/contract_suite.hpp) over the CUDA backend
-// (backend/cuda/cuda_backend.hpp) and the CUDA kernels, run on the host by the
+// (engine/backend/cuda/cuda_backend.hpp) and the CUDA kernels, run on the host by the
 // emulated runtime (skewadam_tools/emulated_runtime.hpp): the whole GPU path above the CUDA
 // runtime's few calls, on machines without a GPU, local, sharded at one rank,
 // and sharded at three ranks, each a thread of this process
@@ -16,7 +16,7 @@
 
 #include <skewadam/checkpoint.hpp>
 #include <skewadam/dist/sharded_optimizer.hpp>
-#include <skewadam/placement/sharded.hpp>
+#include <skewadam/engine/placement/sharded.hpp>
 #include <skewadam/eigen_view.hpp>
 #include <skewadam/skewadam.hpp>
 

@@ -7,8 +7,8 @@
 
 #include <skewadam_tools/emulated_runtime.hpp>
 
-#include <skewadam/backend/cuda/kernels.cuh>
-#include <skewadam/backend/cuda/passes.hpp>
+#include <skewadam/engine/backend/cuda/kernels.cuh>
+#include <skewadam/engine/backend/cuda/passes.hpp>
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>

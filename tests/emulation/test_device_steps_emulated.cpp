@@ -1,4 +1,4 @@
-// Steps counted on the device (the CUDA backend, backend/cuda/cuda_backend.hpp,
+// Steps counted on the device (the CUDA backend, engine/backend/cuda/cuda_backend.hpp,
 // over the emulated runtime): step() waits for nothing, counts and reports
 // are read when asked, and a step captured as a graph replays exactly as
 // ordinary steps do, skips and clipping included; what a graph cannot do is

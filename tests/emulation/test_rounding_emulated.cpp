@@ -1,4 +1,4 @@
-// Stochastic rounding on the CUDA backend (backend/cuda/cuda_backend.hpp) over the
+// Stochastic rounding on the CUDA backend (engine/backend/cuda/cuda_backend.hpp) over the
 // emulated runtime: the CUDA kernels draw each element's 16 random bits from
 // the same Philox block as the CPU backend (random.hpp), on every walk of the
 // kernels (aligned quads of 8-element blocks, quads whose blocks straddle

@@ -8,7 +8,7 @@
 
 #include <skewadam_tools/cuda_emulation.hpp>
 
-#include <skewadam/backend/cuda/kernels.cuh>
+#include <skewadam/engine/backend/cuda/kernels.cuh>
 
 #include <numeric>
 #include <stdexcept>

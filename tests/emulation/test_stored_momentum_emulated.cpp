@@ -13,7 +13,7 @@
 
 #include <skewadam/checkpoint.hpp>
 #include <skewadam/dist/sharded_optimizer.hpp>
-#include <skewadam/placement/sharded.hpp>
+#include <skewadam/engine/placement/sharded.hpp>
 #include <skewadam/skewadam.hpp>
 
 #include "stored_momentum_fixture.hpp"

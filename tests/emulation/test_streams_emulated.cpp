@@ -13,7 +13,7 @@
 #include <cstring>
 #include <vector>
 
-#include <skewadam/backend/cuda/device_memory.hpp>
+#include <skewadam/engine/backend/cuda/device_memory.hpp>
 #include <skewadam/skewadam.hpp>
 #include <skewadam_tools/cuda_steps.hpp>
 

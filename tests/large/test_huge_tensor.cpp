@@ -184,7 +184,7 @@ TEST_CASE("a bf16 expert tensor of more than 2^31 elements") {
                                       ref.c[static_cast<std::size_t>(j)]);
     MESSAGE("kernels ", std::string(skewadam::backend::DefaultBackend::arch_name()), ", step ", t, ": worst relative error of R ",
             worst_r, ", of C ", worst_c, ", elements ", worst, " bf16 ulp");
-    // Blocked sums (backend/cpu/summation.hpp) keep these near 1.5e-7 on
+    // Blocked sums (engine/backend/cpu/summation.hpp) keep these near 1.5e-7 on
     // every architecture; one fp32 accumulator per lane gave up to 1.2e-5.
     CHECK(worst_r < 1e-6);
     CHECK(worst_c < 1e-6);

@@ -1,7 +1,7 @@
 // The sharded optimizer over MPI against the single-process one, on the mixed
 // model of sharded_checks.hpp; under mpirun with 2..4 ranks. With --backend
 // cuda-emulated, the sharded placement over the CUDA backend
-// (backend/cuda/cuda_backend.hpp) against the local one, their kernels
+// (engine/backend/cuda/cuda_backend.hpp) against the local one, their kernels
 // emulated on the host.
 
 #include <skewadam_tools/emulated_runtime.hpp>
@@ -11,7 +11,7 @@
 #include <string>
 
 #include <skewadam/mpi/communicator.hpp>
-#include <skewadam/placement/sharded.hpp>
+#include <skewadam/engine/placement/sharded.hpp>
 
 struct HostMemory {
   template <class T>

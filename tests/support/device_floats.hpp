@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <vector>
 
-#include <skewadam/backend/cuda/cuda_backend.hpp>
+#include <skewadam/engine/backend/cuda/cuda_backend.hpp>
 
 namespace skewadam::test {
 

@@ -4,7 +4,7 @@
 # built with -j2 and the flags a user's build gets plus the project's
 # warnings as errors. The CUDA backend's and LibTorch's headers need nvcc or
 # LibTorch (their own builds compile them); the MPI communicator's runs where
-# MPI was found; skewadam/compiled.hpp with the compiled mode's definition.
+# MPI was found; skewadam/engine/backend/cpu/compiled.hpp with the compiled mode's definition.
 #   cmake -DCXX=... -DGENERATOR=... -DSOURCE_DIR=... -DWORK_DIR=... -DFLAGS=a;b -DINCLUDES=a;b -DMPI=ON|OFF
 #         -P headers_alone.cmake
 file(REMOVE_RECURSE ${WORK_DIR})
@@ -18,7 +18,7 @@ foreach(_h IN LISTS _headers)
   endif()
   string(MAKE_C_IDENTIFIER "${_h}" _id)
   set(_define "")
-  if(_h STREQUAL "skewadam/compiled.hpp")
+  if(_h STREQUAL "skewadam/engine/backend/cpu/compiled.hpp")
     set(_define "#define SKEWADAM_COMPILED\n")
   endif()
   file(WRITE ${WORK_DIR}/src/${_id}.cpp "${_define}#include <${_h}>\n#include <${_h}>\n")

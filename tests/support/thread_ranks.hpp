@@ -35,7 +35,7 @@
 
 #include <skewadam/checkpoint.hpp>
 #include <skewadam/dist/sharded_optimizer.hpp>
-#include <skewadam/dist/thread_communicator.hpp>
+#include <skewadam/comm/thread_communicator.hpp>
 #include <skewadam/skewadam.hpp>
 
 namespace skewadam::test {

@@ -1,15 +1,15 @@
 #pragma once
 // The CPU architectures a test runs on: the scalar fallback and each SIMD
 // level (x86 widths, aarch64 NEON) this translation unit is compiled for,
-// by the tags the backend runs them with (backend/cpu/arch.hpp: AVX2 is
+// by the tags the backend runs them with (engine/backend/cpu/arch.hpp: AVX2 is
 // fma3<avx2> where the flags allow FMA).
 
 #include <tuple>
 #include <type_traits>
 #include <utility>
 
-#include <skewadam/backend/cpu/arch.hpp>
-#include <skewadam/backend/cpu/simd.hpp>
+#include <skewadam/engine/backend/cpu/arch.hpp>
+#include <skewadam/engine/backend/cpu/simd.hpp>
 
 namespace skewadam::test {
 

@@ -1,4 +1,4 @@
-// Choosing the CPU kernel architecture (backend/cpu/arch.hpp): at run time
+// Choosing the CPU kernel architecture (engine/backend/cpu/arch.hpp): at run time
 // (this program defines SKEWADAM_RUNTIME_DISPATCH, as the project's tests do),
 // the levels it can run, the names SKEWADAM_CPU_ARCH takes, and the errors
 // for names it cannot run; fixed at compile time (NativeBackend, the default

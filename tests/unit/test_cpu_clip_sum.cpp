@@ -1,5 +1,5 @@
 // The factored statistics pass forms the clip's sum(u^2) without a pass of
-// its own (backend/cpu/kernels.hpp): sum_j (1 / col_j^2) vbar D_j with
+// its own (engine/backend/cpu/kernels.hpp): sum_j (1 / col_j^2) vbar D_j with
 // D_j = sum_i n_ij^2 / R_i over rows where the eps floor does not bind, plus
 // the floored rows' terms re-read exactly. Here that sum is checked against
 // the direct definition, sum_ij (n_ij / (row_i col_j))^2 in double, on

@@ -1,4 +1,4 @@
-// The CPU kernels' sums are blocked (backend/cpu/summation.hpp): their error
+// The CPU kernels' sums are blocked (engine/backend/cpu/summation.hpp): their error
 // must not grow with the length of a row, a column or a chunk, on any
 // architecture. Checked on the summation primitive itself and on the
 // factored statistics of very long rows and very tall columns, against
@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include <skewadam/backend/cpu/summation.hpp>
+#include <skewadam/engine/backend/cpu/summation.hpp>
 #include <skewadam/skewadam.hpp>
 
 #include "cpu_archs.hpp"

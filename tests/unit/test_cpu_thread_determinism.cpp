@@ -1,5 +1,5 @@
 // A multi-tensor step gives the same bits with 1, 2 and 3 threads: the work is
-// cut by shape only (backend/cpu/work.hpp) and partial sums are combined in a
+// cut by shape only (engine/backend/cpu/work.hpp) and partial sums are combined in a
 // fixed order. The tensors cover every tier, bf16 / fp16 / fp32 parameters
 // (stochastic rounding on), a stacked bank, a matrix split into row blocks, an
 // element-wise tensor split into chunks, a zero row and rows where the eps

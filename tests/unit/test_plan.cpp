@@ -4,8 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <skewadam/plan.hpp>
-#include <skewadam/state_layout.hpp>
-#include <skewadam/tier_assignment.hpp>
+#include <skewadam/state/state_layout.hpp>
+#include <skewadam/tiers/tier_assignment.hpp>
 
 #include <set>
 #include <stdexcept>

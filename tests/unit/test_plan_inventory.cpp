@@ -4,9 +4,9 @@
 
 #include <doctest/doctest.h>
 
-#include <skewadam/dtype.hpp>
+#include <skewadam/types/dtype.hpp>
 #include <skewadam/plan.hpp>
-#include <skewadam/shape.hpp>
+#include <skewadam/types/shape.hpp>
 
 #include <cstdint>
 #include <string>

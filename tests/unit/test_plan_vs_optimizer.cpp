@@ -4,7 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <skewadam/plan.hpp>
-#include <skewadam/tier_assignment.hpp>
+#include <skewadam/tiers/tier_assignment.hpp>
 
 #include "test_util.hpp"
 

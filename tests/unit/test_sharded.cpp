@@ -13,7 +13,7 @@
 
 #include <skewadam/checkpoint.hpp>
 #include <skewadam/dist/sharded_optimizer.hpp>
-#include <skewadam/dist/thread_communicator.hpp>
+#include <skewadam/comm/thread_communicator.hpp>
 #include <skewadam/skewadam.hpp>
 
 #include "thread_ranks.hpp"

@@ -1,5 +1,5 @@
 // step() allocates nothing proportional to tensor size once the step's
-// workspace (the row blocks' column partials, backend/cpu/cpu_backend.hpp)
+// workspace (the row blocks' column partials, engine/backend/cpu/cpu_backend.hpp)
 // has grown to the largest step's need, on the first step; what the backend
 // keeps besides the state is then that workspace and O(rows + cols) per
 // tensor, and a step inside backward, one tensor at a time, keeps only the

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <vector>
 
-#include <skewadam/step_scalars.hpp>
+#include <skewadam/math/step_scalars.hpp>
 
 namespace test_step_scalars {
 

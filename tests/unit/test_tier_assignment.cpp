@@ -3,7 +3,7 @@
 
 #include <doctest/doctest.h>
 
-#include <skewadam/tier_assignment.hpp>
+#include <skewadam/tiers/tier_assignment.hpp>
 
 #include <stdexcept>
 #include <string>

@@ -5,7 +5,7 @@
 // state() viewing the engine's memory, checkpoints read from it) on a machine
 // without a GPU. Linked into skewadam-torch-device-tests.
 
-#include <skewadam/variants.hpp>
+#include <skewadam/tiers/variants.hpp>
 
 #include "emulated_device_cores.hpp"
 #include "torch_test_support.hpp"

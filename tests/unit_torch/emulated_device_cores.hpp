@@ -9,9 +9,9 @@
 
 #include <memory>
 
-#include <skewadam/dist/any_communicator.hpp>
+#include <skewadam/comm/any_communicator.hpp>
 
-#include <skewadam/placement/sharded.hpp>
+#include <skewadam/engine/placement/sharded.hpp>
 #include <skewadam/torch/core.hpp>
 
 namespace skewadam_torch_test {

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include <skewadam/backend/cuda/device_buffer.cuh>
+#include <skewadam/engine/backend/cuda/device_buffer.cuh>
 #include <skewadam/cuda.cuh>
 
 namespace skewadam::tools::cuda {

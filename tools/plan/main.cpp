@@ -16,7 +16,7 @@
 #include <vector>
 
 #include <skewadam/plan.hpp>
-#include <skewadam/tier_assignment.hpp>
+#include <skewadam/tiers/tier_assignment.hpp>
 #include <skewadam/version.hpp>
 
 #include <skewadam_tools/inventory.hpp>

@@ -4,7 +4,7 @@
 //
 // The CPU kernels are those of the widest architecture compiled in and
 // supported here; SKEWADAM_CPU_ARCH=NAME runs another (--list-archs prints
-// the names, backend/cpu/arch.hpp). A level this program or processor cannot
+// the names, engine/backend/cpu/arch.hpp). A level this program or processor cannot
 // run exits 77 (skipped).
 //
 // --backend cuda runs the case on the GPU (a build with SKEWADAM_WITH_CUDA);
@@ -35,7 +35,7 @@
 // Sharded (built with SKEWADAM_WITH_MPI), under mpirun -np N:
 //   --shard          run the case sharded over MPI_COMM_WORLD (the sharded
 //                    placement, dist/sharded_optimizer.hpp; with --backend
-//                    cuda-emulated, placement/sharded.hpp over the
+//                    cuda-emulated, engine/placement/sharded.hpp over the
 //                    emulated CUDA backend); rank 0 reports and writes
 //                    --out; --stop-after, --save and --load work as above
 //                    (checkpoints saved with any rank count load with any)

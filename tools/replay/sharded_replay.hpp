@@ -1,7 +1,7 @@
 #pragma once
 // skewadam-replay --shard: a golden case run by the sharded placement over MPI
 // (built with SKEWADAM_WITH_MPI), on the CPU backend or on the emulated CUDA
-// backend (backend/cuda/cuda_backend.hpp). Every rank loads the case; the parameter is
+// backend (engine/backend/cuda/cuda_backend.hpp). Every rank loads the case; the parameter is
 // registered as an expert bank when it has rank >= 3 (sharded by whole
 // experts, or by rows with --expert-rows), else as a backbone tensor (sharded
 // by rows). After every step the ranks gather the parameter, so each holds the
@@ -17,7 +17,7 @@
 #include <skewadam/checkpoint.hpp>
 #include <skewadam/dist/sharded_optimizer.hpp>
 #include <skewadam/mpi/communicator.hpp>
-#include <skewadam/placement/sharded.hpp>
+#include <skewadam/engine/placement/sharded.hpp>
 #include <skewadam_tools/golden_case.hpp>
 
 namespace skewadam::tools {

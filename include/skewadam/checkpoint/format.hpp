@@ -21,11 +21,11 @@
 #include <vector>
 
 #include "../detail/crc32c.hpp"
-#include "../dtype.hpp"
-#include "../hyperparameters.hpp"
-#include "../shape.hpp"
-#include "../state_layout.hpp"
-#include "../tier.hpp"
+#include "../math/hyperparameters.hpp"
+#include "../state/state_layout.hpp"
+#include "../types/dtype.hpp"
+#include "../types/shape.hpp"
+#include "../types/tier.hpp"
 
 namespace skewadam {
 

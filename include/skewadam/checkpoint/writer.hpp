@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "../optimizer.hpp"
-#include "../param_state.hpp"
-#include "../rule_name.hpp"
+#include "../rules/rule_name.hpp"
+#include "../state/param_state.hpp"
 #include "format.hpp"
 
 namespace skewadam::detail::ckpt {

@@ -1,6 +1,6 @@
 #pragma once
 // ShardedOptimizer<Tiers, Comm>: the optimizer front-end (optimizer.hpp) with
-// its state sharded over the ranks of a communicator (placement/sharded.hpp):
+// its state sharded over the ranks of a communicator (engine/placement/sharded.hpp):
 // data parallelism with ZeRO stage 1/2 sharding, and expert parallelism.
 //
 //   skewadam::mpi::MpiCommunicator comm;
@@ -19,11 +19,11 @@
 // Checkpoints are the single-process format (checkpoint.hpp, collective), so
 // a run saved with N ranks resumes with M ranks, or in one process.
 
-#include "../backend/cpu/cpu_backend.hpp"
+#include "../comm/communicator.hpp"
+#include "../engine/backend/cpu/cpu_backend.hpp"
+#include "../engine/placement/sharded.hpp"
 #include "../optimizer.hpp"
-#include "../placement/sharded.hpp"
-#include "../tier_rules.hpp"
-#include "communicator.hpp"
+#include "../tiers/tier_rules.hpp"
 
 namespace skewadam::dist {
 

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "../dist/communicator.hpp"
+#include "../comm/communicator.hpp"
 
 namespace skewadam::mpi {
 

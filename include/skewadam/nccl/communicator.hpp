@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "../dist/communicator.hpp"
+#include "../comm/communicator.hpp"
 
 namespace skewadam::nccl {
 

@@ -9,9 +9,9 @@
 // State: V, fp32, 4 * numel bytes. Used by the AdamW baseline rule.
 // Hooks: see exact_second_moment.hpp.
 
-#include "../config.hpp"
-#include "../step_scalars.hpp"
-#include "../vmath.hpp"
+#include "../detail/config.hpp"
+#include "../math/step_scalars.hpp"
+#include "../math/vmath.hpp"
 #include "exact_second_moment.hpp"
 
 namespace skewadam {

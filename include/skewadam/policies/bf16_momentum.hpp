@@ -14,9 +14,9 @@
 
 #include <cstdint>
 
-#include "../config.hpp"
-#include "../dtype.hpp"
-#include "../state_layout.hpp"
+#include "../detail/config.hpp"
+#include "../state/state_layout.hpp"
+#include "../types/dtype.hpp"
 #include "stochastic_rounding.hpp"
 #include "stored_momentum.hpp"
 

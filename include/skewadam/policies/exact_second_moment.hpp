@@ -15,9 +15,9 @@
 //   update(v, g2, s) -> v'    element-wise state update (g2 = g*g)
 //   denominator(v', s) -> d   element-wise denominator of u
 
-#include "../config.hpp"
-#include "../step_scalars.hpp"
-#include "../vmath.hpp"
+#include "../detail/config.hpp"
+#include "../math/step_scalars.hpp"
+#include "../math/vmath.hpp"
 
 namespace skewadam {
 

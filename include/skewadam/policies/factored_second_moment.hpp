@@ -18,9 +18,9 @@
 // A factored policy provides scalar hooks for the statistics (the backend owns
 // the reductions) and an element-wise denominator from the two factors.
 
-#include "../config.hpp"
-#include "../step_scalars.hpp"
-#include "../vmath.hpp"
+#include "../detail/config.hpp"
+#include "../math/step_scalars.hpp"
+#include "../math/vmath.hpp"
 #include "exact_second_moment.hpp"
 
 namespace skewadam {

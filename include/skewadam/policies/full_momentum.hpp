@@ -8,9 +8,9 @@
 // backbone tier (and the "experts with momentum" and uniform ablations).
 // Hooks: see no_momentum.hpp.
 
-#include "../config.hpp"
-#include "../step_scalars.hpp"
-#include "../vmath.hpp"
+#include "../detail/config.hpp"
+#include "../math/step_scalars.hpp"
+#include "../math/vmath.hpp"
 
 namespace skewadam {
 

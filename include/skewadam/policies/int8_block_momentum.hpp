@@ -23,9 +23,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../config.hpp"
-#include "../state_layout.hpp"
-#include "../vmath.hpp"
+#include "../detail/config.hpp"
+#include "../math/vmath.hpp"
+#include "../state/state_layout.hpp"
 #include "stored_momentum.hpp"
 
 namespace skewadam {

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "../dtype.hpp"
+#include "../types/dtype.hpp"
 
 namespace skewadam {
 

@@ -20,9 +20,9 @@
 //                                  the other storages' hooks are in
 //                                  stored_momentum.hpp
 
-#include "../config.hpp"
-#include "../step_scalars.hpp"
-#include "../vmath.hpp"
+#include "../detail/config.hpp"
+#include "../math/step_scalars.hpp"
+#include "../math/vmath.hpp"
 
 namespace skewadam {
 

@@ -2,8 +2,8 @@
 // NoUpdateClip: the null clip policy (AdamW has no update clipping).
 // Hooks: see rms_update_clip.hpp. State: none.
 
-#include "../config.hpp"
-#include "../step_scalars.hpp"
+#include "../detail/config.hpp"
+#include "../math/step_scalars.hpp"
 
 namespace skewadam {
 

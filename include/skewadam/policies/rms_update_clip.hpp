@@ -14,8 +14,8 @@
 #include <cmath>
 #include <math.h>
 
-#include "../config.hpp"
-#include "../step_scalars.hpp"
+#include "../detail/config.hpp"
+#include "../math/step_scalars.hpp"
 
 namespace skewadam {
 

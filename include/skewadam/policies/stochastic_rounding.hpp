@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../dtype.hpp"
+#include "../types/dtype.hpp"
 
 namespace skewadam {
 

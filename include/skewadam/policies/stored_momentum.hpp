@@ -21,11 +21,11 @@
 // A backend updates m a block of momentum_block elements at a time, before
 // anything reads the block's m of the step.
 
-#include "../config.hpp"
-#include "../random.hpp"
-#include "../state_layout.hpp"
-#include "../step_scalars.hpp"
-#include "../vmath.hpp"
+#include "../detail/config.hpp"
+#include "../math/random.hpp"
+#include "../math/step_scalars.hpp"
+#include "../math/vmath.hpp"
+#include "../state/state_layout.hpp"
 #include "full_momentum.hpp"
 
 namespace skewadam {

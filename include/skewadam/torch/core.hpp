@@ -27,17 +27,17 @@
 #include <vector>
 
 #include "../checkpoint.hpp"
-#include "../dist/any_communicator.hpp"
-#include "../dist/shard_plan.hpp"
-#include "../hyperparameters.hpp"
-#include "../nonfinite.hpp"
+#include "../comm/any_communicator.hpp"
+#include "../engine/nonfinite.hpp"
+#include "../engine/optimizer_options.hpp"
+#include "../engine/placement/shard_plan.hpp"
+#include "../engine/placement/sharded.hpp"
+#include "../math/hyperparameters.hpp"
 #include "../optimizer.hpp"
-#include "../optimizer_options.hpp"
-#include "../optimizer_state.hpp"
-#include "../param_state.hpp"
-#include "../placement/sharded.hpp"
-#include "../tensor_view.hpp"
-#include "../tier.hpp"
+#include "../state/optimizer_state.hpp"
+#include "../state/param_state.hpp"
+#include "../types/tensor_view.hpp"
+#include "../types/tier.hpp"
 
 namespace skewadam::libtorch {
 

@@ -30,7 +30,7 @@
 #include <memory>
 
 #include "../cuda.cuh"
-#include "../variants.hpp"
+#include "../tiers/variants.hpp"
 #include "core.hpp"
 
 namespace skewadam::libtorch {

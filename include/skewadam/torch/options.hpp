@@ -20,12 +20,12 @@
 #endif
 #endif
 
-#include "../dist/shard_plan.hpp"
-#include "../hyperparameters.hpp"
-#include "../nonfinite.hpp"
-#include "../tier.hpp"
-#include "../tier_assignment.hpp"
-#include "../tier_settings.hpp"
+#include "../engine/nonfinite.hpp"
+#include "../engine/placement/shard_plan.hpp"
+#include "../math/hyperparameters.hpp"
+#include "../tiers/tier_assignment.hpp"
+#include "../tiers/tier_settings.hpp"
+#include "../types/tier.hpp"
 #if SKEWADAM_TORCH_DISTRIBUTED
 #include "process_group.hpp"
 #endif

@@ -40,7 +40,7 @@
 #include <utility>
 #include <vector>
 
-#include "../dist/communicator.hpp"
+#include "../comm/communicator.hpp"
 
 namespace skewadam::libtorch {
 

@@ -19,11 +19,11 @@
 #include <utility>
 #include <vector>
 
-#include "../dtype.hpp"
-#include "../shape.hpp"
-#include "../state_layout.hpp"
-#include "../tensor_view.hpp"
-#include "../tier.hpp"
+#include "../state/state_layout.hpp"
+#include "../types/dtype.hpp"
+#include "../types/shape.hpp"
+#include "../types/tensor_view.hpp"
+#include "../types/tier.hpp"
 
 namespace skewadam::libtorch {
 

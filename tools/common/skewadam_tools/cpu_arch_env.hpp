@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include <skewadam/backend/cpu/arch.hpp>
+#include <skewadam/engine/backend/cpu/arch.hpp>
 
 namespace skewadam::tools {
 

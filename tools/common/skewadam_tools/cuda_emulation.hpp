@@ -1,5 +1,5 @@
 #pragma once
-// Runs CUDA kernels written for backend/cuda/kernels.cuh on the host, so that
+// Runs CUDA kernels written for engine/backend/cuda/kernels.cuh on the host, so that
 // their logic (work cutting, block reductions, barriers, the order of the
 // passes) is tested on machines without a GPU. Include this before
 // kernels.cuh in a translation unit compiled by the C++ compiler.

@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
-#include <skewadam/dtype.hpp>
-#include <skewadam/hyperparameters.hpp>
-#include <skewadam/param_state.hpp>
-#include <skewadam/random.hpp>
-#include <skewadam/state_layout.hpp>
-#include <skewadam/step_scalars.hpp>
+#include <skewadam/types/dtype.hpp>
+#include <skewadam/math/hyperparameters.hpp>
+#include <skewadam/state/param_state.hpp>
+#include <skewadam/math/random.hpp>
+#include <skewadam/state/state_layout.hpp>
+#include <skewadam/math/step_scalars.hpp>
 
 namespace skewadam::tools::cuda {
 

@@ -13,11 +13,11 @@
 #include <stdexcept>
 #include <string>
 
-#include <skewadam/backend/cuda/cuda_backend.hpp>
+#include <skewadam/engine/backend/cuda/cuda_backend.hpp>
 #include <skewadam/optimizer.hpp>
 #include <skewadam/policies/nearest_rounding.hpp>
 #include <skewadam/rules.hpp>
-#include <skewadam/tier_rules.hpp>
+#include <skewadam/tiers/tier_rules.hpp>
 #include <skewadam_tools/cuda_runner.hpp>
 
 namespace skewadam::tools::cuda {

@@ -8,7 +8,7 @@
 // (or be illegal in one); waits() counts the calls that would wait for a
 // GPU, so that tests can show a step waits for none, and blocks() the blocks
 // launched, so that they can show what a step's launches are sized to. With it the CUDA backend
-// (backend/cuda/cuda_backend.hpp) and its kernels run, unchanged, on
+// (engine/backend/cuda/cuda_backend.hpp) and its kernels run, unchanged, on
 // machines without a GPU (the tests, skewadam-replay --backend cuda-emulated):
 //
 //   skewadam::Optimizer<skewadam::SkewAdamTiers, skewadam::backend::CudaBackend<emu::Runtime>> opt(h);
@@ -46,7 +46,7 @@
 #include <string>
 #include <vector>
 
-#include <skewadam/backend/cuda/cuda_backend.hpp>
+#include <skewadam/engine/backend/cuda/cuda_backend.hpp>
 
 namespace emu {
 

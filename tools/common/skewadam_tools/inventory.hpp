@@ -20,10 +20,10 @@
 #include <utility>
 #include <vector>
 
-#include <skewadam/dtype.hpp>
+#include <skewadam/types/dtype.hpp>
 #include <skewadam/plan.hpp>
-#include <skewadam/shape.hpp>
-#include <skewadam/tier_assignment.hpp>
+#include <skewadam/types/shape.hpp>
+#include <skewadam/tiers/tier_assignment.hpp>
 
 #include "json_reader.hpp"
 

@@ -16,9 +16,9 @@
 #include <string_view>
 #include <vector>
 
-#include <skewadam/dtype.hpp>
+#include <skewadam/types/dtype.hpp>
 #include <skewadam/plan.hpp>
-#include <skewadam/shape.hpp>
+#include <skewadam/types/shape.hpp>
 
 namespace skewadam::tools {
 

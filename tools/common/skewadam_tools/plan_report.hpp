@@ -19,10 +19,10 @@
 #include <string_view>
 #include <vector>
 
-#include <skewadam/config.hpp>
+#include <skewadam/detail/config.hpp>
 #include <skewadam/plan.hpp>
-#include <skewadam/state_layout.hpp>
-#include <skewadam/tier.hpp>
+#include <skewadam/state/state_layout.hpp>
+#include <skewadam/types/tier.hpp>
 
 #include "inventory.hpp"
 

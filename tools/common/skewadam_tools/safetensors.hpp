@@ -39,7 +39,7 @@
 #include <utility>
 #include <vector>
 
-#include <skewadam/dtype.hpp>
+#include <skewadam/types/dtype.hpp>
 #include <skewadam/plan.hpp>
 
 #include "inventory.hpp"

@@ -1,7 +1,7 @@
 #pragma once
 // The kernels the tools and tests run besides the shipped rules', compiled
 // once into the library skewadam_tool_kernels (tools/CMakeLists.txt) and
-// declared extern here, as skewadam/compiled.hpp does for the shipped ones:
+// declared extern here, as skewadam/engine/backend/cpu/compiled.hpp does for the shipped ones:
 //
 // - the CPU kernel tables of the golden cases' rules with round-to-nearest
 //   parameters (SKEWADAM_TOOL_RULES; with_case_rule in golden_case.hpp), for
@@ -11,7 +11,7 @@
 //
 // A translation unit that uses another rule instantiates it itself.
 
-#include <skewadam/compiled.hpp>
+#include <skewadam/engine/backend/cpu/compiled.hpp>
 #include <skewadam/rules.hpp>
 
 /// The golden cases' rules with nearest rounding (closed under rank1_rule).
