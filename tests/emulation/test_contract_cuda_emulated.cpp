@@ -100,3 +100,8 @@ TEST_CASE("CUDA engine, emulated: Eigen objects register as any view does") {
 }
 
 }  // namespace test_contract_cuda_emulated
+
+TEST_CASE("contract: Local and Sharded at one rank give the same bits, clipping at either scope (CUDA, emulated)") {
+  skewadam::contract::local_and_sharded_at_one_rank_agree<::test_contract_cuda_emulated::EmulatedCudaLocal,
+                                                          ::test_contract_cuda_emulated::EmulatedCudaSharded>();
+}

@@ -203,6 +203,72 @@ StepReport step_in_backward(fixture::Model& m, Opt& opt, const std::vector<Param
   return opt.finish_step();
 }
 
+
+/// Local and Sharded at one rank over the same backend give the same bits,
+/// under tensor-scope and matrix-scope clipping alike: Local's clip divisors
+/// are formed by the backend, Sharded's by the engine, and both sum a
+/// tensor's matrices in one order. Banks of many matrices whose gradients
+/// span six decades, so that another order of the tensor-scope sum shows.
+template <class LocalConfig, class ShardedConfig>
+void local_and_sharded_at_one_rank_agree() {
+  struct Tensor {
+    const char* name;
+    Tier tier;
+    Shape shape;
+    index_t matrix;  ///< elements per matrix
+    std::vector<float> param, grad;
+  };
+  for (const ClipScope scope : {ClipScope::tensor, ClipScope::matrix}) {
+    INFO("clip scope: ", scope == ClipScope::tensor ? "tensor" : "matrix");
+    PerTier<Hyperparameters> h = hyper();
+    for (Tier t : all_tiers) h[t].clip_scope = scope;
+    std::vector<Tensor> model = {{"backbone.w", Tier::backbone, Shape{40, 48}, 40 * 48, {}, {}},
+                                 {"experts.w", Tier::experts, Shape{96, 24, 20}, 24 * 20, {}, {}},
+                                 {"router.bank", Tier::router, Shape{96, 4, 16}, 4 * 16, {}, {}}};
+    std::uint64_t state = 0x9e3779b97f4a7c15ULL;
+    auto uniform = [&] {  // in [0, 1)
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      return static_cast<double>(state >> 11) * 0x1.0p-53;
+    };
+    for (Tensor& t : model) {
+      t.param.resize(static_cast<std::size_t>(t.shape.numel()));
+      t.grad.resize(t.param.size());
+      for (float& x : t.param) x = static_cast<float>(uniform() - 0.5);
+    }
+    std::vector<Tensor> copy = model;
+    auto local = LocalConfig::template make<SkewAdamTiers>(h, OptimizerOptions{.seed = 77, .threads = 2});
+    auto sharded = ShardedConfig::template make<SkewAdamTiers>(h, OptimizerOptions{.seed = 77, .threads = 2});
+    for (std::size_t i = 0; i < model.size(); ++i) {
+      local->add(model[i].name, model[i].tier, TensorView<float>(model[i].param.data(), model[i].shape),
+                 TensorView<const float>(model[i].grad.data(), model[i].shape));
+      sharded->add(copy[i].name, copy[i].tier, TensorView<float>(copy[i].param.data(), copy[i].shape),
+                   TensorView<const float>(copy[i].grad.data(), copy[i].shape));
+    }
+    for (int step = 0; step < 6; ++step) {
+      for (std::size_t i = 0; i < model.size(); ++i) {
+        const index_t per_matrix = model[i].matrix;
+        double decade = 0;
+        for (std::size_t e = 0; e < model[i].grad.size(); ++e) {
+          if (static_cast<index_t>(e) % per_matrix == 0) decade = std::pow(10.0, 6.0 * uniform() - 4.0);
+          model[i].grad[e] = copy[i].grad[e] = static_cast<float>((uniform() - 0.5) * decade);
+        }
+      }
+      local->step();
+      sharded->step();
+    }
+    const OptimizerState a = local->export_state(), b = sharded->export_state();
+    for (std::size_t i = 0; i < model.size(); ++i) {
+      INFO("tensor ", model[i].name);
+      CHECK(std::memcmp(model[i].param.data(), copy[i].param.data(), 4 * model[i].param.size()) == 0);
+      const ParamState &x = a.params[i].state, &y = b.params[i].state;
+      CHECK(x.m == y.m);
+      CHECK(x.v == y.v);
+      CHECK(x.v_row == y.v_row);
+      CHECK(x.v_col == y.v_col);
+    }
+  }
+}
+
 }  // namespace skewadam::contract
 
 // The test cases, in the suite's namespace (a unity build includes this file

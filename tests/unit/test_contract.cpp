@@ -50,3 +50,7 @@ struct ShardedThreeRanks : test::RanksInThreads<3> {
 #define SKEWADAM_CONTRACT_CONFIGURATIONS \
   skewadam::contract::CpuLocal, ::test_contract::ShardedSelf, ::test_contract::ShardedThreeRanks
 #include "contract_suite.hpp"
+
+TEST_CASE("contract: Local and Sharded at one rank give the same bits, clipping at either scope (CPU)") {
+  skewadam::contract::local_and_sharded_at_one_rank_agree<skewadam::contract::CpuLocal, ::test_contract::ShardedSelf>();
+}

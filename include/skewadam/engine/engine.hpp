@@ -45,6 +45,7 @@
 
 #include "../detail/config.hpp"
 #include "../math/step_scalars.hpp"
+#include "../rules/clip_divisors.hpp"
 #include "../state/param_state.hpp"
 #include "../types/dtype.hpp"
 #include "backend/backend.hpp"
@@ -453,16 +454,15 @@ class Engine {
           matrix_sums_[static_cast<std::size_t>(t.pieces[q].matrix)] = sums[static_cast<std::size_t>(t.clip_at) + q];
       }
       const StepScalars s = make_step_scalars(settings_.hyper[tier_index(t.tier)], 1);
-      const auto divisor = [&](double sum, index_t count) { return t.clip.divisor(sum, count, s); };
-      float whole = 1.0f;
-      if (!per_matrix(t)) {
-        double total = 0;
-        for (double v : matrix_sums_) total += v;
-        whole = divisor(total, g.numel());
-      }
+      matrix_divisors_.assign(static_cast<std::size_t>(g.batch), 1.0f);
+      clip_divisors(
+          per_matrix(t) ? ClipScope::matrix : ClipScope::tensor, g,
+          [&](double sum, index_t count) { return t.clip.divisor(sum, count, s); },
+          [&](index_t b) { return matrix_sums_[static_cast<std::size_t>(b)]; },
+          [&](index_t b, float d) { matrix_divisors_[static_cast<std::size_t>(b)] = d; });
       for (std::size_t q = 0; q < t.pieces.size(); ++q)
         divisors[static_cast<std::size_t>(t.clip_at) + q] =
-            per_matrix(t) ? divisor(matrix_sums_[static_cast<std::size_t>(t.pieces[q].matrix)], g.matrix_size()) : whole;
+            matrix_divisors_[static_cast<std::size_t>(t.pieces[q].matrix)];
     }
     backend_.set_divisors();
   }
@@ -480,6 +480,7 @@ class Engine {
   std::optional<double> norm_sq_;
   index_t exchanged_ = 0;
   std::vector<double> wire_, matrix_sums_;
+  std::vector<float> matrix_divisors_;
   // an optimizer step taken inside backward (begin_open_step)
   bool open_ = false;            ///< keeping its verdicts
   bool open_on_device_ = false;  ///< on the backend's device

@@ -78,6 +78,7 @@
 #include <type_traits>
 
 #include "../../../detail/config.hpp"
+#include "../../../rules/clip_divisors.hpp"
 #include "../../../rules/update_rule.hpp"
 #include "simd.hpp"
 #include "summation.hpp"
@@ -693,17 +694,10 @@ struct Kernels {
     } else {
       (void)scratch;
     }
-    if constexpr (C::active) {
-      if (t.scope == ClipScope::tensor) {
-        double sum = 0;
-        for (index_t b = 0; b < g.batch; ++b) sum += t.matrices[b].sum_u2;
-        const float div = C::divisor(sum, g.numel(), t.scalars);
-        for (index_t b = 0; b < g.batch; ++b) t.matrices[b].divisor = div;
-      } else {
-        for (index_t b = 0; b < g.batch; ++b)
-          t.matrices[b].divisor = C::divisor(t.matrices[b].sum_u2, g.matrix_size(), t.scalars);
-      }
-    }
+    if constexpr (C::active)
+      clip_divisors(
+          t.scope, g, [&](double sum, index_t count) { return C::divisor(sum, count, t.scalars); },
+          [&](index_t b) { return t.matrices[b].sum_u2; }, [&](index_t b, float d) { t.matrices[b].divisor = d; });
   }
 
   static void apply(const TensorTask& t, const WorkUnit& unit, Scratch scratch) {

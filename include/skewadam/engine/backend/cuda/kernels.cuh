@@ -98,6 +98,7 @@
 #include "../../../math/hyperparameters.hpp"
 #include "../../../math/random.hpp"
 #include "../../../math/step_scalars.hpp"
+#include "../../../rules/clip_divisors.hpp"
 #include "../../../rules/update_rule.hpp"
 #include "../../../types/dtype.hpp"
 #include "../../../types/shape.hpp"
@@ -874,8 +875,8 @@ struct Math {
   /// sum u^2 from its chunks' sums first (warp w takes matrices w, w + 16,
   /// ...; lane l adds chunks l, l + 32, ... in order, then a shuffle tree);
   /// then the divisors, a tensor-scope clip's from the matrices' sums added
-  /// by block_sum. Fixed orders throughout; no thread walks more than
-  /// chunks / 32 + batch / block_threads terms.
+  /// in matrix order by one thread, as every backend and placement adds them
+  /// (rules/clip_divisors.hpp). Fixed orders throughout.
   static __device__ void finalize(const DeviceTask& t, const TaskStep& st) {
     if constexpr (C::active) {
       const MatrixGeometry& g = t.geom;
@@ -892,11 +893,14 @@ struct Math {
       }
       if (t.host_divisors) return;
       if (st.scope == ClipScope::tensor) {
-        double sum[1] = {0.0};
-        for (index_t b = threadIdx.x; b < g.batch; b += blockDim.x) sum[0] += __ldcg(t.matrix_sum + b);
-        detail::block_sum<double, 1>(sum);
-        const float div = C::divisor(sum[0], g.numel(), st.s);
+        // the sum in matrix order (rules/clip_divisors.hpp), by one thread
+        __shared__ float div;
+        if (threadIdx.x == 0)
+          div = C::divisor(tensor_sum_u2(g.batch, [&](index_t b) { return __ldcg(t.matrix_sum + b); }), g.numel(),
+                           st.s);
+        __syncthreads();
         for (index_t b = threadIdx.x; b < g.batch; b += blockDim.x) t.divisor[b] = div;
+        __syncthreads();  // div is read by every thread before a later tensor's finalize writes it
       } else {
         for (index_t b = threadIdx.x; b < g.batch; b += blockDim.x)
           t.divisor[b] = C::divisor(__ldcg(t.matrix_sum + b), g.matrix_size(), st.s);
