@@ -62,12 +62,14 @@
 #include <utility>
 #include <vector>
 
+#include "comm/communicator.hpp"
 #include "detail/config.hpp"
 #include "engine/backend/cpu/cpu_backend.hpp"
 #include "engine/engine.hpp"
 #include "engine/nonfinite.hpp"
 #include "engine/optimizer_options.hpp"
 #include "engine/placement/local.hpp"
+#include "engine/step_inside_backward.hpp"
 #include "math/hyperparameters.hpp"
 #include "math/random.hpp"
 #include "math/step_scalars.hpp"
@@ -412,32 +414,26 @@ class OptimizerBase : public TierSettings {
     check_step_inside_backward();
     if (!e.grad.present())
       throw std::invalid_argument("grad of '" + e.name + "': absent (set_grad() before step(ParamId))");
-    if (open_ && open_stepped_[i])
+    if (inside_.stepped(i))
       throw std::invalid_argument("param '" + e.name +
                                   "': already stepped in this optimizer step (a parameter is stepped once per "
                                   "step inside backward; finish_step() ends it)");
-    if (!open_) (void)last_step();  // the previous step's report, before this step replaces the engine's
+    if (!inside_.open()) (void)last_step();  // the previous step's report, before this step replaces the engine's
     // the open step's number (steps() does not count it until finish_step())
-    std::optional<std::int64_t> number = open_ ? open_number_ : std::nullopt;
+    std::optional<std::int64_t> number = inside_.number();
     if (has_schedule() && !number) number = steps() + 1;
     StepSettings st = settings(hyperparameters_at(has_schedule() ? *number : 0));
     st.counts_step = false;
-    if (!open_) engine_.begin_open_step(nonfinite_);
+    if (!inside_.open()) engine_.begin_open_step(nonfinite_);
     if (e.param.numel() > 0) {
       const StepItem one = item(i);
       engine_.step(std::span<const StepItem>(&one, 1), nonfinite_, st);
       counts_known_ = false;
     }
-    if (!open_) {  // opened once something has been stepped
-      open_stepped_.assign(entries_.size(), 0);
-      open_ = true;
-    }
-    open_number_ = number;
-    open_settings_ = st;
-    open_stepped_[i] = 1;
+    inside_.stepped_one(i, entries_.size(), number, st);  // opened once something has been stepped
     if (nonfinite_ == NonFinitePolicy::raise && e.param.numel() > 0) {
       if (const std::optional<Offender> bad = engine_.outcome()) {
-        open_stepped_[i] = 0;  // unchanged: it may be stepped again
+        inside_.unstep(i);  // unchanged: it may be stepped again
         throw NonFiniteGradientError(describe(*bad));
       }
     }
@@ -468,9 +464,9 @@ class OptimizerBase : public TierSettings {
   /// short). On a device backend it reads the tensors' verdicts (waits).
   /// Sharded: collective. std::logic_error when no step is open.
   StepReport finish_step(StepEnd how = StepEnd::completed) {
-    if (!open_) throw std::logic_error("finish_step: no step is open (step(ParamId) opens one)");
+    if (!inside_.open()) throw std::logic_error("finish_step: no step is open (step(ParamId) opens one)");
     const OpenVerdicts v = engine_.open_verdicts();
-    StepSettings st = open_settings_;
+    StepSettings st = inside_.settings();
     st.counts_step = true;
     engine_.step(std::span<const StepItem>(), NonFinitePolicy::unchecked, st);
     counts_known_ = false;
@@ -482,25 +478,24 @@ class OptimizerBase : public TierSettings {
     }
     last_.interrupted = how == StepEnd::interrupted;
     for (std::size_t i = 0; i < entries_.size(); ++i) {
-      if (open_stepped_[i]) ++last_.stepped;
+      if (inside_.stepped(i)) ++last_.stepped;
       else last_.not_stepped.push_back(entries_[i].name);
     }
     last_known_ = true;
-    open_ = false;
-    open_number_.reset();
+    inside_.close();
     return last_;
   }
   /// Whether step(ParamId) has opened an optimizer step that finish_step()
   /// has not ended yet.
-  bool step_open() const noexcept { return open_; }
+  bool step_open() const noexcept { return inside_.open(); }
   /// Whether parameter id has been stepped in the open optimizer step.
   bool stepped_in_open_step(ParamId id) const {
     const std::size_t i = index_of(id);
-    return open_ && open_stepped_[i] != 0;
+    return inside_.stepped(i);
   }
   /// std::logic_error naming `what` while an optimizer step is open.
   void check_no_open_step(std::string_view what) const {
-    if (open_)
+    if (inside_.open())
       throw std::logic_error(std::string(what) +
                              ": a step inside backward is open (step(ParamId)); finish_step() ends it first");
   }
@@ -800,10 +795,7 @@ class OptimizerBase : public TierSettings {
   /// Reused by every step; grows with the number of tensors, never with their size.
   std::vector<StepItem> items_;
   // the step inside backward (step(ParamId), finish_step())
-  bool open_ = false;
-  std::optional<std::int64_t> open_number_;  ///< its number, for the lr schedule
-  std::vector<char> open_stepped_;           ///< by ParamId: stepped in it
-  StepSettings open_settings_{};
+  StepInsideBackward inside_;
 };
 
 /// The optimizer: OptimizerBase (every member above) with the rules Tiers

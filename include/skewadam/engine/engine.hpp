@@ -52,8 +52,7 @@
 #include "engine_types.hpp"
 #include "nonfinite.hpp"
 #include "optimizer_options.hpp"
-#include "placement/shard_plan.hpp"
-#include "placement/shard_transfer.hpp"
+#include "pieces.hpp"
 
 namespace skewadam {
 
@@ -130,8 +129,8 @@ class Engine {
     tensors_.pop_back();
   }
 
-  const dist::TensorSplit& split(std::size_t i) const { return tensors_[i].split; }
-  std::span<const dist::Piece> pieces(std::size_t i) const { return tensors_[i].pieces; }
+  const TensorSplit& split(std::size_t i) const { return tensors_[i].split; }
+  std::span<const Piece> pieces(std::size_t i) const { return tensors_[i].pieces; }
 
   // ---------------------------------------------------------------- state
   /// This process's share of tensor i's state, viewed where it lives.
@@ -173,7 +172,7 @@ class Engine {
     }
   }
   void check_arrays(std::size_t i, const ParamState& got, const std::string& who) const {
-    const dist::FullSizes w = dist::full_sizes(tensors_[i].split, tensors_[i].momentum);
+    const FullSizes w = full_sizes(tensors_[i].split, tensors_[i].momentum);
     detail::check_array_sizes({w.m, w.v, w.v_row, w.v_col}, got, who);
   }
   staged_type stage_begin() const { return backend_.stage_begin(); }
@@ -320,8 +319,8 @@ class Engine {
     bool momentum = false;
     UpdateClip clip{};  ///< its rule's update clipping
     bool cut = false;   ///< factored and cut between processes
-    dist::TensorSplit split;
-    std::vector<dist::Piece> pieces;  ///< this process's, one per matrix
+    TensorSplit split;
+    std::vector<Piece> pieces;  ///< this process's, one per matrix
     index_t clip_at = 0;              ///< its first matrix in clip_sums() and divisors()
     index_t cut_at = 0;               ///< its first value in cut_sums()
   };
@@ -337,7 +336,7 @@ class Engine {
       return backend::PieceSpec{geom, first, f, cut, g.rows, Placement::host_divisors};
     };
     if (t.split.cuts_matrices()) {
-      for (const dist::Piece& p : t.pieces)
+      for (const Piece& p : t.pieces)
         out.push_back(spec(f ? MatrixGeometry{1, p.size(), g.cols} : MatrixGeometry{1, 1, p.size()},
                            t.split.first_element(p), f));
     } else {
@@ -429,7 +428,7 @@ class Engine {
     const std::span<const double> sums = backend_.clip_sums();
     const std::span<float> divisors = backend_.divisors();
     auto per_matrix = [&](const Tensor& t) { return settings_.hyper[tier_index(t.tier)].clip_scope == ClipScope::matrix; };
-    auto exchanged = [&](const Tensor& t) { return dist::exchange_bytes(t.split, true, per_matrix(t)).clip > 0; };
+    auto exchanged = [&](const Tensor& t) { return placement_.clip_exchanged(t.split, per_matrix(t)); };
     wire_.clear();
     for (std::size_t i : stepped_) {
       const Tensor& t = tensors_[i];

@@ -15,7 +15,7 @@
 #include "../../types/shape.hpp"
 #include "../../types/tier.hpp"
 #include "../backend/backend.hpp"
-#include "shard_plan.hpp"
+#include "../pieces.hpp"
 
 namespace skewadam {
 
@@ -32,11 +32,8 @@ struct Local {
   int ranks() const noexcept { return 1; }
 
   /// The whole tensor, owned by this process.
-  dist::TensorSplit split(Tier, const Shape& shape, StateLayout layout) const {
-    // one piece: every matrix whole
-    return dist::split_for(Tier::backbone, shape, layout, 1, dist::ExpertSharding::rows, 0);
-  }
-  void unsplit(const dist::TensorSplit&) noexcept {}
+  TensorSplit split(Tier, const Shape& shape, StateLayout layout) const { return whole_split(shape, layout); }
+  void unsplit(const TensorSplit&) noexcept {}
 
   /// One process decides alone: the backend's verdict stands.
   template <class Backend>
@@ -47,8 +44,8 @@ struct Local {
   void add_over_ranks(std::span<double>, index_t&) const noexcept {}
   double sum_over_ranks(double x) const noexcept { return x; }
   /// A complete state array from this process's share: the share itself.
-  void complete(const dist::TensorSplit&, bool, ParamState&) const noexcept {}
-  void share_of(const dist::TensorSplit&, bool, ParamState&) const noexcept {}
+  void complete(const TensorSplit&, bool, ParamState&) const noexcept {}
+  void share_of(const TensorSplit&, bool, ParamState&) const noexcept {}
   /// An error on one process is everyone's.
   void agree_on_failure(std::string&) const noexcept {}
 };

@@ -29,26 +29,6 @@ namespace skewadam::dist {
 /// An array of a tensor's state, or the parameter itself.
 enum class ShardArray { m, v, v_row, v_col, param };
 
-/// Sizes of a tensor's complete state arrays (0: not kept).
-struct FullSizes {
-  std::size_t m = 0, v = 0, v_row = 0, v_col = 0;
-};
-
-inline FullSizes full_sizes(const TensorSplit& split, bool momentum) {
-  FullSizes s;
-  const MatrixGeometry& g = split.geom;
-  const auto n = static_cast<std::size_t>(g.numel());
-  if (n == 0) return s;
-  if (momentum) s.m = static_cast<std::size_t>(momentum_words(StateLayout{true, false, split.storage}, g));
-  if (split.factored) {
-    s.v_row = static_cast<std::size_t>(g.batch * g.rows);
-    s.v_col = static_cast<std::size_t>(g.batch * g.cols);
-  } else {
-    s.v = n;
-  }
-  return s;
-}
-
 /// Whether a tensor keeps array a.
 inline bool shard_keeps(const TensorSplit& split, bool momentum, ShardArray a) noexcept {
   switch (a) {

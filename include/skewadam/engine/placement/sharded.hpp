@@ -155,6 +155,11 @@ class Sharded {
     if (split.geom.numel() > 0 && ranks() > 1) gather_shards(*comm_, split, ShardArray::param, data, elem, data);
   }
 
+  /// Whether a clipped tensor's sums of u^2 are summed over the ranks (its
+  /// clip scope spans matrices or rows that other ranks hold).
+  bool clip_exchanged(const TensorSplit& split, bool per_matrix) const {
+    return exchange_bytes(split, true, per_matrix).clip > 0;
+  }
   /// Rank 0's `failure` (empty: none) becomes every rank's (collective).
   void agree_on_failure(std::string& failure) const {
     std::uint64_t length = failure.size();
