@@ -304,7 +304,7 @@ void pass_run(benchmark::State& state, Kind kind, Shape shape, bool apply) {
   // The kernel table's passes alone: statistics and their finalize, or the
   // update alone (it reads only the task's own state and scratch).
   const be::KernelTable* full = backend.kernels<Rule, T, T>();
-  const be::KernelTable statistics_only{full->statistics, full->finalize, nullptr, full->finish};
+  const be::KernelTable statistics_only{full->statistics, full->finalize, nullptr, full->finish_cut};
   const be::KernelTable apply_only{[](const be::TensorTask&, const be::WorkUnit&, be::Scratch) {},
                                    [](const be::TensorTask&, be::Scratch) {}, full->apply, nullptr};
   t.kernel = full;

@@ -15,8 +15,9 @@
 #   torch       the LibTorch adapter: built and run, where LibTorch was found
 #   python      the Python package: run by the venv's interpreter, where the
 #               package is built (SKEWADAM_WITH_PYTHON)
-#   cuda        the CUDA backend: built by nvcc (SKEWADAM_WITH_CUDA), and run
-#               by scripts/gpu-check where there is a GPU
+#   cuda        the CUDA backend: built by nvcc (SKEWADAM_WITH_CUDA; the
+#               target skewadam-doc-cuda-examples builds them all), not run
+#               (it returns 0 where no GPU is)
 #   torch-cuda  a CUDA LibTorch's engines: compiled against torch's CUDA
 #               headers (SKEWADAM_TORCH_HEADERS), never linked here
 # A page with a malformed example, or a kind not in this list, stops the
@@ -26,6 +27,7 @@ set(_doc_example_kinds cpp mpi torch python cuda torch-cuda)
 file(GLOB _doc_pages CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/docs/*.md)
 set(_doc_example_dir ${CMAKE_CURRENT_BINARY_DIR}/doc_examples)
 set(_doc_example_names "")
+set(_doc_cuda_targets "")
 foreach(_page IN LISTS _doc_pages)
   set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_page})
   get_filename_component(_page_name ${_page} NAME)
@@ -92,11 +94,15 @@ foreach(_page IN LISTS _doc_pages)
     elseif(_kind STREQUAL "cuda" AND SKEWADAM_WITH_CUDA)
       add_executable(${_target} ${_file})
       target_link_libraries(${_target} PRIVATE skewadam::cuda)
+      list(APPEND _doc_cuda_targets ${_target})
     elseif(_kind STREQUAL "torch-cuda" AND TARGET skewadam-torch-headers-cuda)
       target_sources(skewadam-torch-headers-cuda PRIVATE ${_file})
     endif()
   endwhile()
 endforeach()
+if(SKEWADAM_WITH_CUDA)
+  add_custom_target(skewadam-doc-cuda-examples DEPENDS ${_doc_cuda_targets})
+endif()
 if(NOT _doc_example_names)
   message(FATAL_ERROR "docs/: no code example found: the guide's examples are not tested")
 endif()

@@ -13,14 +13,18 @@
 //               one strategy; it may leave the decision on its device)
 //   agree       placement.agree: the processes agree on the stepped tensors
 //               and the first offender; a rejected step changes nothing
-//   statistics  backend.statistics
+//   statistics  Pass::statistics
 //   exchange    the cut matrices' column sums and sums of R_i, summed over
-//               the processes (placement.add_over_ranks)
-//   finish      backend.finish: C_j, vbar, the sums of u^2
+//               the processes (placement.add_over_ranks), where a matrix is cut
+//   finish      Pass::finish: C_j, vbar, the sums of u^2
 //   exchange    where the placement forms the clip divisors: the sums of u^2
 //               over the processes, then every clipped tensor's divisors
-//   apply       backend.apply
-//   count       backend.count: every stepped tensor's count, and the step's
+//   apply       Pass::apply
+//   count       Pass::count: every stepped tensor's count, and the step's
+//
+// The passes between two exchanges go to the backend together
+// (backend.run(passes)), which may fuse them: with no exchange at all (the
+// local placement) one call runs the whole step.
 //
 // Step counts live with the backend (on the device for the CUDA backend), and
 // each tensor's scalars and rounding key are formed there from its own count,
@@ -387,12 +391,20 @@ class Engine {
       backend_.reject();
       return;
     }
-    backend_.statistics();
-    if (any_cut_) exchange_statistics();
-    backend_.finish();
-    if constexpr (Placement::host_divisors) exchange_clip();
-    backend_.apply();
-    backend_.count();
+    using backend::Pass;
+    backend::Passes next = Pass::statistics;
+    if (any_cut_) {
+      backend_.run(next);
+      exchange_statistics();
+      next = {};
+    }
+    next = next | Pass::finish;
+    if constexpr (Placement::host_divisors) {
+      backend_.run(next);
+      exchange_clip();
+      next = {};
+    }
+    backend_.run(next | Pass::apply | Pass::count);
   }
 
   /// The cut matrices' c column sums and sum of R_i, summed over processes:
@@ -420,6 +432,7 @@ class Engine {
     each_piece([](const double* mine, double* slot, std::size_t w) { std::copy_n(mine, w, slot); });
     placement_.add_over_ranks(wire_, exchanged_);
     each_piece([](double* mine, const double* slot, std::size_t w) { std::copy_n(slot, w, mine); });
+    backend_.set_cut_sums();
   }
 
   /// Every stepped clipped tensor's divisors, from its matrices' sums of u^2,

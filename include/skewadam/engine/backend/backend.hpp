@@ -27,19 +27,25 @@
 //                             later pass leaves a rejected step alone
 //   resolve(verdict)  host    the first offender, waiting for the device
 //   reject()                  undoes what check() wrote (a rejected step)
-//   statistics()              every piece's statistics; pieces that are not
-//                             cut are finished too (C_j, vbar, sum of u^2,
-//                             and their clip divisors unless host_divisors)
+//   run(passes)               the listed passes of the step, in this order:
+//                             no exchange comes between them, so a backend
+//                             may fuse them (the CPU backend runs statistics
+//                             and apply in one parallel region):
+//     Pass::statistics        every piece's statistics
+//     Pass::finish            every piece's C_j, vbar and sum of u^2 (a cut
+//                             piece's from the totals set_cut_sums() gave),
+//                             and the clip divisors unless host_divisors
+//     Pass::apply             the update of every piece
+//     Pass::count             counts of an applied step advance
 //   cut_sums()        host    the cut pieces' column sums of g^2 and sum of
-//                             R_i, c + 1 doubles per matrix; the placement
-//                             replaces them with the totals over processes
-//   finish()                  the cut pieces' C_j, vbar and sum of u^2 from
-//                             those totals
+//                             R_i, c + 1 doubles per matrix (after
+//                             statistics); the placement replaces them with
+//                             the totals over processes, set_cut_sums()
+//                             hands them back
 //   clip_sums()       host    every piece's sums of u^2, B doubles per piece
+//                             (after finish)
 //   divisors(), set_divisors()  host_divisors pieces: the clip divisors,
-//                             written by the placement, then committed
-//   apply()                   the update of every piece
-//   count()                   counts of an applied step advance
+//                             written by the placement, then handed back
 //
 // and outside a step: add(spec, pieces, kernels) (a tensor's kernels, which
 // the engine picks by rule and dtypes with kernels<Rule, P, G>(): for a
@@ -79,7 +85,7 @@ struct PieceSpec {
   index_t first = 0;      ///< flat index in the tensor of its element 0
   bool factored = false;  ///< its rule's factored statistics apply (rank >= 2)
   /// A row slice of a matrix cut between processes: its column statistics
-  /// are summed over them (cut_sums) before finish(); full_rows is the
+  /// are summed over them (cut_sums) before its finish pass; full_rows is the
   /// matrix's row count.
   bool cut = false;
   index_t full_rows = 0;
@@ -125,6 +131,21 @@ void point_piece(Task& task, Share& share, const PieceOffsets& at) {
   task.v_col = in(share.v_col, at.v_col);
 }
 
+/// The passes of a step (see the top of this file), as a set.
+enum class Pass : unsigned { statistics = 1, finish = 2, apply = 4, count = 8 };
+struct Passes {
+  unsigned bits = 0;
+  constexpr Passes() noexcept = default;
+  constexpr Passes(Pass p) noexcept : bits(static_cast<unsigned>(p)) {}  // NOLINT: a pass is a set of one
+  constexpr bool has(Pass p) const noexcept { return (bits & static_cast<unsigned>(p)) != 0; }
+  constexpr bool empty() const noexcept { return bits == 0; }
+  friend constexpr Passes operator|(Passes a, Passes b) noexcept {
+    Passes r;
+    r.bits = a.bits | b.bits;
+    return r;
+  }
+};
+
 /// What check() found: `known` when the host has the answer (`offender`),
 /// otherwise it is on the device (resolve() fetches it).
 struct Verdict {
@@ -141,7 +162,7 @@ concept Backend =
              const StepSettings& settings, NonFinitePolicy policy, const Verdict& verdict,
              std::span<std::int64_t> out, std::span<const std::int64_t> in, std::span<const float> divisors,
              const std::string& who, const ParamView& p, const GradView& g, void* dst, const void* src,
-             std::size_t n) {
+             std::size_t n, Passes passes) {
       { B::host_memory } -> std::convertible_to<bool>;
       b.add(reg, pieces, kernels);
       { b.pop_back() } noexcept;
@@ -162,14 +183,12 @@ concept Backend =
       { b.check(policy) } -> std::same_as<Verdict>;
       { cb.resolve(verdict) } -> std::same_as<std::optional<Offender>>;
       b.reject();
-      b.statistics();
+      b.run(passes);
       { b.cut_sums() } -> std::same_as<std::span<double>>;
-      b.finish();
+      b.set_cut_sums();
       { b.clip_sums() } -> std::same_as<std::span<const double>>;
       { b.divisors() } -> std::same_as<std::span<float>>;
       b.set_divisors();
-      b.apply();
-      b.count();
       { cb.outcome() } -> std::same_as<std::optional<Offender>>;
       { cb.grad_sum_squares(items) } -> std::same_as<double>;
       { cb.clip_sum_squares() } -> std::same_as<double>;

@@ -1,12 +1,9 @@
 #pragma once
-// Which rank owns which part of a tensor, from shapes alone.
-//
 // The splits of tensors over ranks: which rank owns which pieces of each
 // tensor (engine/pieces.hpp says what a split and a piece are), from shapes
 // alone, and what a rank keeps and exchanges for them.
 
 #include <cstdint>
-#include <numeric>
 #include <vector>
 
 #include "../../detail/config.hpp"

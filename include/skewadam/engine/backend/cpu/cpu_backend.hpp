@@ -316,7 +316,6 @@ class CpuBackend {
       }
     }
     verdict_ = Verdict{};
-    pending_ = true;
   }
 
   Verdict check(NonFinitePolicy policy) {
@@ -364,25 +363,46 @@ class CpuBackend {
     }
   }
 
-  /// Runs with the apply (or the first host read) that needs it.
-  void statistics() noexcept { pending_ = true; }
-  std::span<double> cut_sums() {
-    flush();
-    return cut_sums_;
+  /// The passes of a step (backend.hpp). Statistics and apply given together
+  /// run in one parallel region, the apply after a barrier: a piece that is
+  /// not cut is finished by the thread that completes its statistics, so its
+  /// finish pass is part of the region (a cut piece's waits for the totals,
+  /// and so never comes with its statistics).
+  void run(Passes passes) {
+    if (passes.has(Pass::statistics) && passes.has(Pass::apply)) {
+      begin_pass();
+      bool stats = false;
+      for (Active& a : tasks_) {
+        add_to_pass(a.piece->task, a.piece, !a.done);
+        stats = stats || !a.done;
+        a.done = true;
+      }
+      run_region(stats, true);
+    } else {
+      if (passes.has(Pass::statistics)) {
+        begin_pass();
+        for (Active& a : tasks_)
+          if (!a.done) {
+            add_to_pass(a.piece->task, a.piece);
+            a.done = true;
+          }
+        run_region(true, false);
+      }
+      if (passes.has(Pass::finish)) finish_cut_pieces();
+      if (passes.has(Pass::apply)) {
+        begin_pass();
+        for (Active& a : tasks_) add_to_pass(a.piece->task, a.piece, false);
+        run_region(false, true);
+      }
+    }
+    if (passes.has(Pass::count)) {
+      for (const Stepped& s : stepped_) ++counts_[s.index];
+      if (settings_.counts_step) ++steps_;
+    }
   }
-  void finish() {
-    cut_.clear();
-    for (const Active& a : tasks_)
-      if (a.piece->spec.cut) cut_.push_back(a.piece);
-    if (cut_.empty()) return;
-    flush();
-    parallel(static_cast<std::int64_t>(cut_.size()), [&](std::int64_t k, Scratch s) {
-      const Piece& p = *cut_[static_cast<std::size_t>(k)];
-      p.task.kernel->finish(p.task, cut_sums_.data() + p.cut_at, s);
-    });
-  }
+  std::span<double> cut_sums() noexcept { return cut_sums_; }
+  void set_cut_sums() noexcept {}  // the placement wrote them in place
   std::span<const double> clip_sums() {
-    flush();
     for (const Active& a : tasks_)
       for (std::size_t b = 0; b < a.piece->matrices.size(); ++b)
         clip_sums_[static_cast<std::size_t>(a.piece->clip_at) + b] = a.piece->matrices[b].sum_u2;
@@ -393,23 +413,6 @@ class CpuBackend {
     for (const Active& a : tasks_)
       for (std::size_t b = 0; b < a.piece->matrices.size(); ++b)
         a.piece->matrices[b].divisor = divisors_[static_cast<std::size_t>(a.piece->clip_at) + b];
-  }
-  /// The update of every piece, in the same region as the statistics that
-  /// have not run yet (if any), after a barrier.
-  void apply() {
-    begin_pass();
-    bool stats = false;
-    for (Active& a : tasks_) {
-      add_to_pass(a.piece->task, a.piece, pending_ && !a.done);
-      stats = stats || (pending_ && !a.done);
-      a.done = true;
-    }
-    run_region(stats, true);
-    pending_ = false;
-  }
-  void count() {
-    for (const Stepped& s : stepped_) ++counts_[s.index];
-    if (settings_.counts_step) ++steps_;
   }
   std::optional<Offender> outcome() const { return verdict_.offender; }
   double clip_sum_squares() const noexcept { return norm_sq_; }
@@ -560,17 +563,16 @@ class CpuBackend {
     return sum;
   }
 
-  /// Runs the statistics that have not run yet.
-  void flush() {
-    if (!pending_) return;
-    begin_pass();
-    for (Active& a : tasks_)
-      if (!a.done) {
-        add_to_pass(a.piece->task, a.piece);
-        a.done = true;
-      }
-    run_region(true, false);
-    pending_ = false;
+  /// The cut pieces' C_j, vbar and sums of u^2, from the totals over
+  /// processes in cut_sums_.
+  void finish_cut_pieces() {
+    cut_.clear();
+    for (const Active& a : tasks_)
+      if (a.piece->spec.cut) cut_.push_back(a.piece);
+    parallel(static_cast<std::int64_t>(cut_.size()), [&](std::int64_t k, Scratch s) {
+      const Piece& p = *cut_[static_cast<std::size_t>(k)];
+      p.task.kernel->finish_cut(p.task, cut_sums_.data() + p.cut_at, s);
+    });
   }
 
   void begin_pass() noexcept {
@@ -703,7 +705,6 @@ class CpuBackend {
   std::vector<WorkUnit> units_;
   std::vector<index_t> pending_left_;  ///< accessed through std::atomic_ref during a region
   Verdict verdict_{};
-  bool pending_ = false;  ///< statistics() was called and has not run
   double norm_sq_ = std::numeric_limits<double>::quiet_NaN();
 };
 

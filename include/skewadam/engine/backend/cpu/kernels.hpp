@@ -98,7 +98,7 @@ struct Kernels {
   using Rng = std::conditional_t<std::is_same_v<Arch, ScalarArch>, RandomStream, RandomWindow<Arch>>;
 
   static const KernelTable* table() {
-    static constexpr KernelTable t{&statistics, &finalize, (S::factored || C::active) ? &apply : nullptr, &finish};
+    static constexpr KernelTable t{&statistics, &finalize, (S::factored || C::active) ? &apply : nullptr, &finish_cut};
     return &t;
   }
 
@@ -705,7 +705,7 @@ struct Kernels {
     else elementwise_apply(t, unit);
   }
 
-  static void finish(const TensorTask& t, const double* totals, Scratch scratch) {
+  static void finish_cut(const TensorTask& t, const double* totals, Scratch scratch) {
     if constexpr (S::factored) finalize_matrix(t, 0, t.col_partial, t.d_partial, t.row_blocks, scratch, totals);
   }
 };

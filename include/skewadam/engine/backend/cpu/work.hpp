@@ -58,7 +58,7 @@ struct TensorTask {
   index_t element_base = 0;
   /// A row slice of a matrix cut between processes (statistics into
   /// col_partial and d_partial, finished from totals over the processes by
-  /// KernelTable::finish); full_rows: the whole matrix's rows.
+  /// KernelTable::finish_cut); full_rows: the whole matrix's rows.
   bool cut = false;
   index_t full_rows = 0;
   float grad_limit = 0;  ///< the non-finite policy's limit (gradient_check.hpp)
@@ -120,7 +120,7 @@ struct KernelTable {
   /// A cut task, after its statistics: C_j and vbar from `totals` (c column
   /// sums of g^2 then the sum of R_i, over every process's rows), and its
   /// own sum of u^2.
-  void (*finish)(const TensorTask&, const double* totals, Scratch scratch);
+  void (*finish_cut)(const TensorTask&, const double* totals, Scratch scratch);
 };
 
 /// Work-cutting constants (shape-only, never thread-dependent).

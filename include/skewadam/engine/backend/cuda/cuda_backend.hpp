@@ -69,7 +69,7 @@ class CudaBackend {
   using Array = cuda::DeviceArray<R, T>;
   using Mem = cuda::DeviceMemory<R>;
   using DeviceTask = cuda::DeviceTask;
-  using Passes = cuda::GroupPasses<R>;
+  using GroupPasses = cuda::GroupPasses<R>;
 
   /// A tensor's share of the state, in device memory: its pieces' arrays concatenated.
   struct Shares {
@@ -79,7 +79,7 @@ class CudaBackend {
  public:
   using runtime = R;
   static constexpr bool host_memory = false;
-  using kernels_type = const Passes*;
+  using kernels_type = const GroupPasses*;
   template <class Rule, class P, class G>
   static kernels_type kernels() {
     return cuda::passes_of<R, Rule, P, G>();
@@ -420,22 +420,29 @@ class CudaBackend {
   std::optional<Offender> resolve(const Verdict& v) const { return v.known ? v.offender : outcome(); }
   void reject() noexcept {}  // the device wrote nothing: the later passes were never enqueued
 
-  void statistics() {
-    for_groups(
-        [&](const Group& g, const cuda::GroupArrays& a) { g.ops->statistics(a, tasks_d(), steps_d(), stream_); });
+  /// The passes of a step (backend.hpp), each group's launches in turn.
+  void run(Passes passes) {
+    auto each_group = [&](typename GroupPasses::Pass GroupPasses::*pass) {
+      for_groups([&](const Group& g, const cuda::GroupArrays& a) { (g.ops->*pass)(a, tasks_d(), steps_d(), stream_); });
+    };
+    if (passes.has(Pass::statistics)) each_group(&GroupPasses::statistics);
+    if (passes.has(Pass::finish)) each_group(&GroupPasses::finish);
+    if (passes.has(Pass::apply)) each_group(&GroupPasses::apply);
+    if (passes.has(Pass::count))
+      R::template launch<&cuda::end_step_kernel<>>(1u, cuda::block_threads, stream_,
+                                                   static_cast<const int*>(tables_.d_stepped.data()),
+                                                   tables_.counts.data(), static_cast<int>(tensors_.size()),
+                                                   static_cast<const cuda::CheckOutcome*>(outcome_.data()),
+                                                   counts_step_ ? 1 : 0);
   }
-  /// The cut pieces' sums, on the host (waits); finish() uploads them back.
+  /// The cut pieces' sums, on the host (waits); set_cut_sums() hands them back.
   std::span<double> cut_sums() {
     cut_host_.resize(tables_.cut.size());
     if (!cut_host_.empty()) R::to_host(cut_host_.data(), tables_.cut.data(), tables_.cut.bytes(), stream_);
-    cut_read_ = true;
     return cut_host_;
   }
-  void finish() {
-    if (cut_read_ && !cut_host_.empty())
-      R::to_device(tables_.cut.data(), cut_host_.data(), tables_.cut.bytes(), stream_);
-    cut_read_ = false;
-    for_groups([&](const Group& g, const cuda::GroupArrays& a) { g.ops->finish(a, tasks_d(), steps_d(), stream_); });
+  void set_cut_sums() {
+    if (!cut_host_.empty()) R::to_device(tables_.cut.data(), cut_host_.data(), tables_.cut.bytes(), stream_);
   }
   std::span<const double> clip_sums() {
     sums_host_.resize(tables_.sums.size());
@@ -449,16 +456,6 @@ class CudaBackend {
   void set_divisors() {
     if (!divisors_host_.empty())
       R::to_device(tables_.divisors.data(), divisors_host_.data(), tables_.divisors.bytes(), stream_);
-  }
-  void apply() {
-    for_groups([&](const Group& g, const cuda::GroupArrays& a) { g.ops->apply(a, tasks_d(), steps_d(), stream_); });
-  }
-  void count() {
-    R::template launch<&cuda::end_step_kernel<>>(1u, cuda::block_threads, stream_,
-                                                 static_cast<const int*>(tables_.d_stepped.data()),
-                                                 tables_.counts.data(), static_cast<int>(tensors_.size()),
-                                                 static_cast<const cuda::CheckOutcome*>(outcome_.data()),
-                                                 counts_step_ ? 1 : 0);
   }
   /// The step inside backward: its tensors' verdicts folded on the device
   /// (fold_verdict after each one's step), read once by read_verdicts().
@@ -845,7 +842,6 @@ class CudaBackend {
   std::uint64_t generation_ = 0;  ///< changes whenever a captured graph would go stale
   std::vector<double> cut_host_, sums_host_;
   std::vector<float> divisors_host_;
-  bool cut_read_ = false;
 };
 
 }  // namespace skewadam::backend
