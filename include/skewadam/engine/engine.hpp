@@ -237,7 +237,7 @@ class Engine {
     begin_step(items);
     if (settings.max_norm > 0 && placement_.ranks() > 1) {
       norm_sq_ = grad_sum_squares(items);  // the backend clips alone only what is all in this process
-      settings.grad_scale = grad_clip_scale(std::sqrt(*norm_sq_), settings.max_norm);
+      settings.grad_scale = step_grad_scale(settings.grad_scale, settings.max_norm, *norm_sq_);
       settings.max_norm = 0;
     }
     settings_ = settings;

@@ -106,4 +106,13 @@ SKEWADAM_HD inline double grad_clip_scale(double norm, double max_norm) {
   return ::isfinite(norm) && scale < 1.0 ? scale : 1.0;
 }
 
+/// The factor every gradient of a step is read with: with max_norm > 0, the
+/// global-norm clip's from the step's sum of g^2 (over every process);
+/// otherwise `given` (a clip_grad_norm() scale before the step, or 1). The
+/// one place the scale is formed, by every backend and placement (device
+/// code too: the CUDA backend forms it on the device).
+SKEWADAM_HD inline double step_grad_scale(double given, double max_norm, double norm_sq) {
+  return max_norm > 0 ? grad_clip_scale(::sqrt(norm_sq), max_norm) : given;
+}
+
 }  // namespace skewadam

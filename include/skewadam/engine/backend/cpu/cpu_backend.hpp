@@ -5,9 +5,9 @@
 //
 // A pass is one parallel region over every piece of the step: the statistics
 // units (a piece is finished by the thread that completes its last unit, so
-// no barrier separates the two), and the apply units after one barrier; the
-// statistics of a step wait until something needs them (a host read, or the
-// apply, which then shares their region). Units are taken dynamically, but
+// no barrier separates the two), and the apply units after one barrier, when
+// the engine hands both passes in one run() (no exchange between them: the
+// local placement's whole step is one region). Units are taken dynamically, but
 // every unit's result is independent of who computes it and partials are
 // combined in a fixed order, so results are bit-identical for any thread
 // count.
@@ -186,7 +186,7 @@ class CpuBackend {
     if (e.restorable) e.backup_floats = size.v_row + size.v_col;
     for (std::size_t q = 0; q < specs.size(); ++q) {
       const PieceSpec& spec = specs[q];
-      Piece p;
+      PieceWork p;
       p.spec = spec;
       p.at = at[q];
       TensorTask& t = p.task;
@@ -271,7 +271,7 @@ class CpuBackend {
     std::size_t b = scratch_.bytes() + 8 * (clip_sums_.size() + cut_sums_.size()) + 4 * divisors_.size() +
                     4 * workspace_.size();
     for (const Tensor& e : tensors_)
-      for (const Piece& p : e.pieces)
+      for (const PieceWork& p : e.pieces)
         b += 8 * (p.unit_sum.size() + p.scan.size()) + sizeof(MatrixScratch) * p.matrices.size();
     return static_cast<index_t>(b);
   }
@@ -286,7 +286,7 @@ class CpuBackend {
       Tensor& e = tensors_[static_cast<std::size_t>(it.index)];
       stepped_.push_back(Stepped{static_cast<std::size_t>(it.index), &it});
       const KernelTable* k = e.kernels[it.grad.dtype == Dtype::f32 ? 1 : 0];
-      for (Piece& p : e.pieces) {
+      for (PieceWork& p : e.pieces) {
         p.task.param = static_cast<char*>(it.param.data) + p.spec.first * dtype_size(it.param.dtype);
         p.task.grad = static_cast<const char*>(it.grad.data) + p.spec.first * dtype_size(it.grad.dtype);
         p.task.kernel = k;
@@ -299,18 +299,17 @@ class CpuBackend {
   /// Each stepped tensor's scalars and key from its count; with max_norm the
   /// global-norm scale from this process's sum of g^2.
   void begin() {
-    double scale = settings_.grad_scale;
     norm_sq_ = std::numeric_limits<double>::quiet_NaN();
     if (settings_.max_norm > 0) {
       norm_sq_ = 0;
       for (const Stepped& s : stepped_) norm_sq_ += tensor_squares(tensors_[s.index], s.item->grad);
-      scale = grad_clip_scale(std::sqrt(norm_sq_), settings_.max_norm);
     }
+    const double scale = step_grad_scale(settings_.grad_scale, settings_.max_norm, norm_sq_);
     for (const Stepped& s : stepped_) {
       Tensor& e = tensors_[s.index];
       const std::int64_t t = counts_[s.index] + 1;
       const StepScalars sc = make_step_scalars(settings_.hyper[tier_index(e.tier)], t, scale);
-      for (Piece& p : e.pieces) {
+      for (PieceWork& p : e.pieces) {
         p.task.scalars = sc;
         p.task.key = RoundingKey{settings_.seed, s.item->stream, static_cast<std::uint64_t>(t)};
       }
@@ -339,7 +338,7 @@ class CpuBackend {
         continue;
       if (e.restorable) {  // something offends: find it
         begin_pass();
-        for (Piece& p : e.pieces) add_to_pass(scan_task(p, s.item->grad.dtype), &p);
+        for (PieceWork& p : e.pieces) add_to_pass(scan_task(p, s.item->grad.dtype), &p);
         run_region(true, false);
       }
       std::optional<Offender> o = first_offender(s);
@@ -438,7 +437,8 @@ class CpuBackend {
   }
 
  private:
-  struct Piece {
+  /// A piece (PieceSpec) with what this backend keeps to step it.
+  struct PieceWork {
     PieceSpec spec;
     TensorTask task;  ///< its state and scratch pointers; the step's fields are set by prepare() and begin()
     std::vector<MatrixScratch> matrices;
@@ -458,15 +458,15 @@ class CpuBackend {
     ParamState state;           ///< this process's share; its step stays 0
     index_t backup_floats = 0;  ///< restorable: v_row and v_col, saved before the step
     float* backup = nullptr;    ///< where in the step's workspace
-    std::vector<Piece> pieces;
+    std::vector<PieceWork> pieces;
     index_t matrices() const noexcept {
       index_t n = 0;
-      for (const Piece& p : pieces) n += p.spec.geom.batch;
+      for (const PieceWork& p : pieces) n += p.spec.geom.batch;
       return n;
     }
     index_t cut_values() const noexcept {
       index_t n = 0;
-      for (const Piece& p : pieces)
+      for (const PieceWork& p : pieces)
         if (p.spec.cut) n += p.spec.geom.cols + 1;
       return n;
     }
@@ -476,7 +476,7 @@ class CpuBackend {
     const StepItem* item;
   };
   struct Active {
-    Piece* piece;
+    PieceWork* piece;
     Tensor* tensor;
     Dtype grad;
     bool done;  ///< its statistics ran in check()
@@ -484,7 +484,7 @@ class CpuBackend {
 
   /// Points e's pieces at its share of the state.
   static void point(Tensor& e) {
-    for (Piece& p : e.pieces) {
+    for (PieceWork& p : e.pieces) {
       TensorTask& t = p.task;
       point_piece(t, e.state, p.at);
       t.matrices = p.matrices.data();
@@ -507,7 +507,7 @@ class CpuBackend {
     for (const StepItem& it : items) {
       const Tensor& e = tensors_[static_cast<std::size_t>(it.index)];
       need += static_cast<std::size_t>(e.backup_floats);
-      for (const Piece& p : e.pieces) need += 2 * static_cast<std::size_t>(p.partial_floats);
+      for (const PieceWork& p : e.pieces) need += 2 * static_cast<std::size_t>(p.partial_floats);
     }
     if (need > workspace_.size()) std::vector<float>(need).swap(workspace_);  // exactly this size
     float* at = workspace_.data();
@@ -515,7 +515,7 @@ class CpuBackend {
       Tensor& e = tensors_[static_cast<std::size_t>(it.index)];
       e.backup = e.backup_floats > 0 ? at : nullptr;
       at += e.backup_floats;
-      for (Piece& p : e.pieces) {
+      for (PieceWork& p : e.pieces) {
         p.task.col_partial = p.partial_floats > 0 ? at : nullptr;
         p.task.d_partial = p.partial_floats > 0 ? at + p.partial_floats : nullptr;
         at += 2 * p.partial_floats;
@@ -524,7 +524,7 @@ class CpuBackend {
   }
 
   /// A task that scans piece p's gradient, chunk by chunk, into p.scan.
-  static TensorTask scan_task(const Piece& p, Dtype grad) {
+  static TensorTask scan_task(const PieceWork& p, Dtype grad) {
     TensorTask t = p.task;
     switch (grad) {
       case Dtype::f32: t.kernel = cpu::GradientScan<float>::table(); break;
@@ -542,7 +542,7 @@ class CpuBackend {
   /// The first offending element of a stepped tensor's pieces, from their scans.
   std::optional<Offender> first_offender(const Stepped& s) const {
     const Tensor& e = tensors_[s.index];
-    for (const Piece& p : e.pieces) {
+    for (const PieceWork& p : e.pieces) {
       const index_t per_matrix = Cutting::chunks_per_matrix(p.spec.geom);
       for (std::size_t u = 0; u < p.scan.size(); ++u) {
         if (p.scan[u] < 0) continue;
@@ -559,7 +559,7 @@ class CpuBackend {
   /// Sum of g^2 over tensor e's pieces of gradient g, in piece order.
   static double tensor_squares(const Tensor& e, const GradView& g) {
     double sum = 0;
-    for (const Piece& p : e.pieces) sum += cpu::grad_sum_squares(g, p.spec.first, p.spec.geom.numel());
+    for (const PieceWork& p : e.pieces) sum += cpu::grad_sum_squares(g, p.spec.first, p.spec.geom.numel());
     return sum;
   }
 
@@ -570,7 +570,7 @@ class CpuBackend {
     for (const Active& a : tasks_)
       if (a.piece->spec.cut) cut_.push_back(a.piece);
     parallel(static_cast<std::int64_t>(cut_.size()), [&](std::int64_t k, Scratch s) {
-      const Piece& p = *cut_[static_cast<std::size_t>(k)];
+      const PieceWork& p = *cut_[static_cast<std::size_t>(k)];
       p.task.kernel->finish_cut(p.task, cut_sums_.data() + p.cut_at, s);
     });
   }
@@ -582,7 +582,7 @@ class CpuBackend {
   }
   /// Task t of piece p joins the next region; `stats`: its statistics units
   /// run there (else only its apply units, if the region applies).
-  void add_to_pass(const TensorTask& t, Piece* p, bool stats = true) {
+  void add_to_pass(const TensorTask& t, PieceWork* p, bool stats = true) {
     pass_.push_back(t);
     pass_piece_.push_back(p);
     pass_stats_.push_back(stats ? 1 : 0);
@@ -592,7 +592,7 @@ class CpuBackend {
   /// in double) and sum of R_i, into cut_sums_.
   void form_cut_sums(std::size_t k) {
     const TensorTask& t = pass_[k];
-    const Piece& p = *pass_piece_[k];
+    const PieceWork& p = *pass_piece_[k];
     const index_t c = t.geom.cols;
     double* out = cut_sums_.data() + p.cut_at;
     for (index_t j = 0; j < c; ++j) {
@@ -699,9 +699,9 @@ class CpuBackend {
   std::vector<Stepped> stepped_;
   std::vector<Active> tasks_;
   std::vector<TensorTask> pass_;  ///< a region's tasks, with their pieces and whether their statistics run
-  std::vector<Piece*> pass_piece_;
+  std::vector<PieceWork*> pass_piece_;
   std::vector<char> pass_stats_;
-  std::vector<Piece*> cut_;
+  std::vector<PieceWork*> cut_;
   std::vector<WorkUnit> units_;
   std::vector<index_t> pending_left_;  ///< accessed through std::atomic_ref during a region
   Verdict verdict_{};

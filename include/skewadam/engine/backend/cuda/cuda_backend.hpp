@@ -214,7 +214,7 @@ class CudaBackend {
       total.doubles += sz.doubles;
       total.counters += sz.counters;
       e.limit = gradient_limit(MatrixGeometry{1, spec.full_rows, spec.geom.cols}, spec.factored);
-      e.pieces.push_back(Piece{spec, d, at[q]});
+      e.pieces.push_back(PieceWork{spec, d, at[q]});
     }
     const PieceOffsets& size = at.back();
     mem_.zeroed(e.state.m, static_cast<std::size_t>(size.m), stream_);
@@ -226,7 +226,7 @@ class CudaBackend {
     if (total.counters > 0) mem_.zeroed(e.done, total.counters, stream_);
     std::size_t f = 0, x = 0, k = 0;
     for (std::size_t q = 0; q < e.pieces.size(); ++q) {
-      Piece& p = e.pieces[q];
+      PieceWork& p = e.pieces[q];
       cuda::place_scratch(p.task, p.spec.factored, e.scratch_f.data() + f, e.scratch_d.data() + x, e.done.data() + k);
       point_piece(p.task, e.state, p.offsets);
       f += sizes[q].floats;
@@ -296,7 +296,7 @@ class CudaBackend {
       if (!staged.shares[i]) continue;
       Tensor& e = tensors_[i];
       std::swap(e.state, *staged.shares[i]);
-      for (Piece& p : e.pieces) {
+      for (PieceWork& p : e.pieces) {
         point_piece(p.task, e.state, p.offsets);
         point_piece(tables_.tasks[static_cast<std::size_t>(p.at)], e.state, p.offsets);
       }
@@ -344,7 +344,7 @@ class CudaBackend {
       stepped[i] = 1;
       grads_[i] = it.grad.data;
       grad_sizes_[i] = dtype_size(it.grad.dtype);
-      for (const Piece& p : tensors_[i].pieces) {
+      for (const PieceWork& p : tensors_[i].pieces) {
         DeviceTask& d = t.tasks[static_cast<std::size_t>(p.at)];
         if (d.id != it.stream) {
           d.id = it.stream;
@@ -353,7 +353,7 @@ class CudaBackend {
       }
     }
     for (std::size_t i = 0; i < tensors_.size(); ++i)
-      for (const Piece& p : tensors_[i].pieces) {
+      for (const PieceWork& p : tensors_[i].pieces) {
         DeviceTask& d = t.tasks[static_cast<std::size_t>(p.at)];
         const void* g = nullptr;
         if (grads_[i] != nullptr) g = static_cast<const char*>(grads_[i]) + p.spec.first * grad_sizes_[i];
@@ -545,7 +545,8 @@ class CudaBackend {
   void launch(const graph_type& g) { R::launch_graph(g.graph_, stream_); }
 
  private:
-  struct Piece {
+  /// A piece (PieceSpec) with what this backend keeps to step it.
+  struct PieceWork {
     PieceSpec spec;
     DeviceTask task;       ///< its state and scratch (the tables add the step's pointers)
     PieceOffsets offsets;  ///< where its arrays start in the tensor's share
@@ -556,7 +557,7 @@ class CudaBackend {
     kernels_type ops = nullptr;  ///< of the gradient dtype it was last stepped with
     MatrixGeometry whole{};      ///< its matrices, whatever this process holds of them
     float limit = 0;
-    std::vector<Piece> pieces;
+    std::vector<PieceWork> pieces;
     Shares state;
     Array<float> scratch_f;
     Array<double> scratch_d;
@@ -648,7 +649,7 @@ class CudaBackend {
     h.assign(tables_.tasks.size(), cuda::GradTask{});
     for (const StepItem& it : items) {
       const Tensor& e = tensors_[static_cast<std::size_t>(it.index)];
-      for (const Piece& p : e.pieces)
+      for (const PieceWork& p : e.pieces)
         h[static_cast<std::size_t>(p.at)] = cuda::GradTask{
             static_cast<const char*>(it.grad.data) + p.spec.first * dtype_size(it.grad.dtype), it.grad.dtype,
             e.limit, p.spec.geom.matrix_size()};
@@ -703,7 +704,7 @@ class CudaBackend {
       for (std::size_t i = 0; i < tensors_.size(); ++i) {
         if (ops[i] != o) continue;
         pieces.emplace_back(i, added);
-        for (const Piece& p : tensors_[i].pieces) {
+        for (const PieceWork& p : tensors_[i].pieces) {
           lists.add(static_cast<std::int32_t>(p.at), p.task, p.spec.cut);
           ++added;
         }
@@ -754,7 +755,7 @@ class CudaBackend {
     Tables t;
     std::size_t matrices = 0, cut = 0;
     for (Tensor& e : tensors_)
-      for (Piece& p : e.pieces) {
+      for (PieceWork& p : e.pieces) {
         p.at = static_cast<index_t>(t.tasks.size());
         t.tasks.push_back(p.task);
         matrices += static_cast<std::size_t>(p.spec.geom.batch);
@@ -765,7 +766,7 @@ class CudaBackend {
     t.cut = array<double>(cut);
     std::size_t at_sum = 0, at_cut = 0;
     for (Tensor& e : tensors_)
-      for (Piece& p : e.pieces) {
+      for (PieceWork& p : e.pieces) {
         DeviceTask& d = t.tasks[static_cast<std::size_t>(p.at)];
         d.matrix_sum = t.sums.data() + at_sum;
         d.divisor = t.divisors.data() + at_sum;

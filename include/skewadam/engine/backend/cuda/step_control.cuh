@@ -38,7 +38,7 @@ struct StepControl {
   double grad_scale = 1.0;       ///< of the next step (global-norm clipping)
   std::uint64_t seed = 0;
   const double* lr = nullptr;    ///< when set: the tiers' lr, read as each step runs
-  double max_norm = 0;           ///< > 0: the scale is grad_clip_scale(sqrt(*norm_sq), max_norm)
+  double max_norm = 0;           ///< > 0: the scale is step_grad_scale(...) of *norm_sq
   const double* norm_sq = nullptr;  ///< the step's sum of g^2 (squares_kernel, total_kernel)
 };
 
@@ -67,8 +67,8 @@ __global__ void begin_step_kernel(const DeviceTask* tasks, const StepControl* co
   const std::int64_t step = counts[t.tensor] + 1;
   Hyperparameters h = control->hyper[t.tier];
   if (control->lr != nullptr) h.lr = control->lr[t.tier];
-  const double scale =
-      control->max_norm > 0 ? grad_clip_scale(::sqrt(*control->norm_sq), control->max_norm) : control->grad_scale;
+  const double scale = step_grad_scale(control->grad_scale, control->max_norm,
+                                       control->max_norm > 0 ? *control->norm_sq : 0.0);
   steps[k] = TaskStep{make_step_scalars(h, step, scale),
                       RoundingKey{control->seed, t.id, static_cast<std::uint64_t>(step)}, h.clip_scope, 0};
 }
