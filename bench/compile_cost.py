@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What a user's translation unit pays to compile: the README's usage example
-(between <!-- example:begin --> and <!-- example:end -->) against a file of
+(between <!-- example:begin usage-example cpp --> and <!-- example:end -->) against a file of
 comparable purpose that includes <Eigen/Dense> and multiplies two matrices
 (bench/compile_cost_eigen.cpp), compiled with the same compiler and flags.
 
@@ -35,9 +35,9 @@ ROOT = os.path.dirname(HERE)
 def readme_example():
     with open(os.path.join(ROOT, "README.md")) as f:
         text = f.read()
-    m = re.search(r"<!-- example:begin -->[^`]*```cpp\n(.*?)```[^`]*<!-- example:end -->", text, re.S)
+    m = re.search(r"<!-- example:begin usage-example cpp -->[^`]*```cpp\n(.*?)```[^`]*<!-- example:end -->", text, re.S)
     if not m:
-        sys.exit("compile_cost: README.md has no usage example between <!-- example:begin --> and <!-- example:end -->")
+        sys.exit("compile_cost: README.md has no usage example between <!-- example:begin usage-example cpp --> and <!-- example:end -->")
     return m.group(1)
 
 

@@ -215,21 +215,17 @@ void local_and_sharded_at_one_rank_agree() {
     const char* name;
     Tier tier;
     Shape shape;
-    index_t matrix;  ///< elements per matrix
     std::vector<float> param, grad;
   };
   for (const ClipScope scope : {ClipScope::tensor, ClipScope::matrix}) {
     INFO("clip scope: ", scope == ClipScope::tensor ? "tensor" : "matrix");
     PerTier<Hyperparameters> h = hyper();
     for (Tier t : all_tiers) h[t].clip_scope = scope;
-    std::vector<Tensor> model = {{"backbone.w", Tier::backbone, Shape{40, 48}, 40 * 48, {}, {}},
-                                 {"experts.w", Tier::experts, Shape{96, 24, 20}, 24 * 20, {}, {}},
-                                 {"router.bank", Tier::router, Shape{96, 4, 16}, 4 * 16, {}, {}}};
-    std::uint64_t state = 0x9e3779b97f4a7c15ULL;
-    auto uniform = [&] {  // in [0, 1)
-      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-      return static_cast<double>(state >> 11) * 0x1.0p-53;
-    };
+    std::vector<Tensor> model = {{"backbone.w", Tier::backbone, Shape{40, 48}, {}, {}},
+                                 {"experts.w", Tier::experts, Shape{96, 24, 20}, {}, {}},
+                                 {"router.bank", Tier::router, Shape{96, 4, 16}, {}, {}}};
+    std::uint64_t key = 0;
+    auto uniform = [&] { return 0.5 * (1.0 + fixture::uniform(++key)); };  // in [0, 1)
     for (Tensor& t : model) {
       t.param.resize(static_cast<std::size_t>(t.shape.numel()));
       t.grad.resize(t.param.size());
@@ -246,7 +242,7 @@ void local_and_sharded_at_one_rank_agree() {
     }
     for (int step = 0; step < 6; ++step) {
       for (std::size_t i = 0; i < model.size(); ++i) {
-        const index_t per_matrix = model[i].matrix;
+        const index_t per_matrix = model[i].shape.matrices().matrix_size();
         double decade = 0;
         for (std::size_t e = 0; e < model[i].grad.size(); ++e) {
           if (static_cast<index_t>(e) % per_matrix == 0) decade = std::pow(10.0, 6.0 * uniform() - 4.0);
