@@ -13,12 +13,12 @@
 #include <skewadam/mpi/communicator.hpp>
 #include <skewadam/engine/placement/sharded.hpp>
 
-struct HostMemory {
+struct HostBuffers {
   template <class T>
   using allocator = std::allocator<T>;
   static void sync() {}
 };
-#define SKEWADAM_SHARDED_TEST_MEMORY HostMemory
+#define SKEWADAM_SHARDED_TEST_MEMORY HostBuffers
 #include "sharded_checks.hpp"
 
 int main(int argc, char** argv) {

@@ -51,12 +51,12 @@
 
 #include "../unit_torch/emulated_device_cores.hpp"
 
-struct HostMemory {
+struct HostBuffers {
   template <class T>
   using allocator = std::allocator<T>;
   static void sync() {}
 };
-#define SKEWADAM_SHARDED_TEST_MEMORY HostMemory
+#define SKEWADAM_SHARDED_TEST_MEMORY HostBuffers
 #include "../mpi/sharded_checks.hpp"
 #include "../unit_torch/torch_test_support.hpp"
 

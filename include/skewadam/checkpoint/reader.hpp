@@ -303,7 +303,7 @@ void load(OptimizerBase<Backend, Placement>& opt, Source& src, const LoadOptions
     for (std::size_t i = 0; i < n; ++i) {
       const ParamView& pv = opt.param(ParamId{static_cast<index_t>(i)});
       if (values[i].empty()) continue;
-      opt.engine().backend().write_memory(pv.data, values[i].data(), values[i].size());
+      opt.engine().memory().write(pv.data, values[i].data(), values[i].size());
     }
 }
 

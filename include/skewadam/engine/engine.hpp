@@ -6,8 +6,10 @@
 // alias.
 //
 // The placement decides what of each tensor this process steps (its pieces,
-// engine/backend/backend.hpp) and the exchanges between the passes; the backend
-// holds the state and runs the passes over the pieces. One step:
+// engine/backend/backend.hpp) and the exchanges between the passes; the
+// engine owns the state, in the backend's memory (StateStore, over the
+// backend's memory policy), and the backend runs the passes over the pieces.
+// One step:
 //
 //   scan        backend.check: the non-finite policy's scan (the backend's
 //               one strategy; it may leave the decision on its device)
@@ -26,10 +28,10 @@
 // (backend.run(passes)), which may fuse them: with no exchange at all (the
 // local placement) one call runs the whole step.
 //
-// Step counts live with the backend (on the device for the CUDA backend), and
-// each tensor's scalars and rounding key are formed there from its own count,
-// so the front-end has one step() path whatever the backend: it asks
-// counts() and outcome() when it needs them. Under the local placement no
+// Step counts live in the backend's memory (on the device for the CUDA
+// backend), and each tensor's scalars and rounding key are formed there from
+// its own count, so the front-end has one step() path whatever the backend:
+// it asks counts() and outcome() when it needs them. Under the local placement no
 // pass needs the host once a step is enqueued, which is what lets a device
 // backend capture it (capture(), replay()).
 
@@ -57,6 +59,7 @@
 #include "nonfinite.hpp"
 #include "optimizer_options.hpp"
 #include "pieces.hpp"
+#include "state_store.hpp"
 
 namespace skewadam {
 
@@ -81,12 +84,31 @@ class Engine {
  public:
   using backend_type = Backend;
   using placement_type = Placement;
-  using staged_type = typename Backend::staged_type;
+  using memory_type = typename Backend::memory_type;
+  using staged_type = typename StateStore<memory_type>::Staged;
 
-  explicit Engine(const OptimizerOptions& options) requires(!Placement::sharded) : backend_(options) {}
+  explicit Engine(const OptimizerOptions& options) requires(!Placement::sharded)
+      : backend_(options), store_(memory()) {}
   Engine(typename Placement::communicator_type& comm, const OptimizerOptions& options,
          typename Placement::options_type shard) requires(Placement::sharded)
-      : placement_(comm, shard), backend_(options) {}
+      : placement_(comm, shard), backend_(options), store_(memory()) {}
+  Engine(Engine&&) = default;
+  Engine& operator=(Engine&&) = default;
+  /// Frees the state once the backend's work on it is done, with its device
+  /// current.
+  ~Engine() {
+    try {
+      const memory_type m = memory();
+      [[maybe_unused]] const auto on = m.scope();
+      m.wait();
+      store_.clear();
+    } catch (...) {  // a destructor reports nothing; the memory is freed regardless
+      store_.clear();
+    }
+  }
+
+  /// The backend's memory, where the state is (its memory policy).
+  memory_type memory() const { return backend_.memory(); }
 
   Backend& backend() noexcept { return backend_; }
   const Backend& backend() const noexcept { return backend_; }
@@ -95,13 +117,14 @@ class Engine {
 
   // ---------------------------------------------------------- registration
   void check_memory(std::string_view name, const ParamView& p, const GradView& g) const {
-    backend_.check_memory(name, p, g);
+    memory().check(name, p, g);
   }
   using kernels_type = typename Backend::kernels_type;
 
-  /// Allocates a tensor's state (its pieces') on the backend, with its
-  /// kernels: for a gradient of the parameter's dtype, and for an fp32 one
-  /// (Backend::kernels<Rule, P, G>()); strong guarantee.
+  /// Allocates a tensor's state (its pieces') in the backend's memory, and
+  /// hands the backend its pieces with its kernels: for a gradient of the
+  /// parameter's dtype, and for an fp32 one (Backend::kernels<Rule, P,
+  /// G>()); strong guarantee.
   void add(const TensorRegistration& spec, const std::array<kernels_type, 2>& kernels) {
     Tensor t;
     t.tier = spec.tier;
@@ -114,8 +137,16 @@ class Engine {
     t.cut_at = cut_count_;
     try {
       tensors_.reserve(tensors_.size() + 1);
-      [[maybe_unused]] const auto on = backend_.on_device();
-      backend_.add(spec, piece_specs(t), kernels);
+      const memory_type m = memory();
+      [[maybe_unused]] const auto on = m.scope();
+      const std::vector<backend::PieceSpec> specs = piece_specs(t);
+      store_.add(m, spec.layout, specs);
+      try {
+        backend_.add(spec, specs, kernels, store_.pieces(store_.size() - 1));
+      } catch (...) {
+        store_.pop_back();
+        throw;
+      }
     } catch (...) {
       placement_.unsplit(t.split);
       throw;
@@ -130,6 +161,7 @@ class Engine {
     cut_count_ = t.cut_at;
     placement_.unsplit(t.split);
     backend_.pop_back();
+    store_.pop_back();
     tensors_.pop_back();
   }
 
@@ -138,11 +170,12 @@ class Engine {
 
   // ---------------------------------------------------------------- state
   /// This process's share of tensor i's state, viewed where it lives.
-  ParamStateView view(std::size_t i) const { return backend_.view(i); }
+  ParamStateView view(std::size_t i) const { return store_.view(i); }
   /// A host copy of tensor i's complete state (sharded: collective).
   ParamState export_arrays(std::size_t i) const {
-    [[maybe_unused]] const auto on = backend_.on_device();
-    ParamState s = backend_.share(i);
+    const memory_type m = memory();
+    [[maybe_unused]] const auto on = m.scope();
+    ParamState s = store_.share(m, i);
     placement_.complete(tensors_[i].split, tensors_[i].momentum, s);
     return s;
   }
@@ -150,8 +183,8 @@ class Engine {
   /// state is complete in host memory (sharded: collective).
   template <class F>
   decltype(auto) with_complete_arrays(std::size_t i, F&& f) const {
-    if constexpr (Backend::host_memory && !Placement::sharded) {
-      return f(backend_.view(i));
+    if constexpr (memory_type::host && !Placement::sharded) {
+      return f(store_.view(i));
     } else {
       const ParamState s = export_arrays(i);
       return f(ParamStateView{s.m, s.v, s.v_row, s.v_col, 0});
@@ -163,13 +196,14 @@ class Engine {
   decltype(auto) with_complete_param(std::size_t i, const ParamView& p, F&& f) const {
     const std::size_t elem = static_cast<std::size_t>(dtype_size(p.dtype));
     const std::size_t n = static_cast<std::size_t>(p.numel()) * elem;
-    if constexpr (Backend::host_memory && !Placement::sharded) {
+    if constexpr (memory_type::host && !Placement::sharded) {
       return f(static_cast<const std::byte*>(p.data));
     } else {
       std::vector<std::byte> host(n);
       {
-        [[maybe_unused]] const auto on = backend_.on_device();
-        backend_.read_memory(host.data(), p.data, n);
+        const memory_type m = memory();
+        [[maybe_unused]] const auto on = m.scope();
+        m.read(host.data(), p.data, n);
       }
       if constexpr (Placement::sharded) placement_.gather_param(tensors_[i].split, host.data(), elem);
       return f(static_cast<const std::byte*>(host.data()));
@@ -179,45 +213,55 @@ class Engine {
     const FullSizes w = full_sizes(tensors_[i].split, tensors_[i].momentum);
     detail::check_array_sizes({w.m, w.v, w.v_row, w.v_col}, got, who);
   }
-  staged_type stage_begin() const { return backend_.stage_begin(); }
+  staged_type stage_begin() const { return store_.stage_begin(); }
   /// Takes this process's share of tensor i's complete arrays.
   void stage(staged_type& staged, std::size_t i, ParamState&& full) const {
     placement_.share_of(tensors_[i].split, tensors_[i].momentum, full);
-    [[maybe_unused]] const auto on = backend_.on_device();
-    backend_.stage(staged, i, std::move(full));
+    const memory_type m = memory();
+    [[maybe_unused]] const auto on = m.scope();
+    store_.stage(m, staged, i, std::move(full));
   }
   void stage_counts(staged_type& staged, std::span<const std::int64_t> counts, std::int64_t steps) const {
-    [[maybe_unused]] const auto on = backend_.on_device();
-    backend_.stage_counts(staged, counts, steps);
+    const memory_type m = memory();
+    [[maybe_unused]] const auto on = m.scope();
+    store_.stage_counts(m, staged, counts, steps);
   }
-  void commit(staged_type&& staged) noexcept { backend_.commit(std::move(staged)); }
+  /// Swaps the staged arrays and counts in, and points the backend at them.
+  void commit(staged_type&& staged) noexcept {
+    store_.commit(staged);
+    for (std::size_t i = 0; i < tensors_.size(); ++i)
+      if (staged.arrays[i]) backend_.point(i, staged.pieces[i]);
+  }
   /// Every tensor's count into out, and the applied steps.
   std::int64_t counts(std::span<std::int64_t> out) const {
-    [[maybe_unused]] const auto on = backend_.on_device();
-    return backend_.counts(out);
+    const memory_type m = memory();
+    [[maybe_unused]] const auto on = m.scope();
+    return store_.counts(m, out);
   }
-  index_t state_bytes(std::size_t i) const noexcept { return backend_.state_bytes(i); }
-  /// Memory the backend holds besides the state (scratch, tables).
-  index_t scratch_bytes() const noexcept { return backend_.scratch_bytes(); }
+  index_t state_bytes(std::size_t i) const noexcept { return store_.bytes(i); }
+  /// Memory held besides the state arrays: the backend's (scratch, tables)
+  /// and the step counts.
+  index_t scratch_bytes() const noexcept { return backend_.scratch_bytes() + store_.counts_bytes(); }
   /// Every byte of device memory the backend holds (the state and the
   /// rest), on a backend whose memory is a device's.
-  index_t device_bytes() const noexcept requires(!Backend::host_memory) {
-    index_t b = backend_.scratch_bytes();
-    for (std::size_t i = 0; i < tensors_.size(); ++i) b += backend_.state_bytes(i);
+  index_t device_bytes() const noexcept requires(!memory_type::host) {
+    index_t b = scratch_bytes();
+    for (std::size_t i = 0; i < tensors_.size(); ++i) b += store_.bytes(i);
     return b;
   }
 
   /// Completes every process's copy of tensor i's parameter from its owners.
   void gather_param(std::size_t i, const ParamView& p) requires(Placement::sharded) {
     const std::size_t elem = static_cast<std::size_t>(dtype_size(p.dtype));
-    if constexpr (Backend::host_memory) {
+    if constexpr (memory_type::host) {
       placement_.gather_param(tensors_[i].split, static_cast<std::byte*>(p.data), elem);
     } else {  // through a host copy
       std::vector<std::byte> host(static_cast<std::size_t>(p.numel()) * elem);
-      [[maybe_unused]] const auto on = backend_.on_device();
-      backend_.read_memory(host.data(), p.data, host.size());
+      const memory_type m = memory();
+      [[maybe_unused]] const auto on = m.scope();
+      m.read(host.data(), p.data, host.size());
       placement_.gather_param(tensors_[i].split, host.data(), elem);
-      backend_.write_memory(p.data, host.data(), host.size());
+      m.write(p.data, host.data(), host.size());
     }
   }
   /// Bytes this process put into the exchanges of its last step.
@@ -227,19 +271,20 @@ class Engine {
   /// Sum of g^2 over the listed gradients, in double, in an order fixed by
   /// the shapes (sharded: collective, the processes' sums in rank order).
   double grad_sum_squares(std::span<const StepItem> items) const {
-    [[maybe_unused]] const auto on = backend_.on_device();
+    [[maybe_unused]] const auto on = on_device();
     return placement_.sum_over_ranks(backend_.grad_sum_squares(items));
   }
 
   /// One step of the listed tensors (see the top of this file).
   void step(std::span<const StepItem> items, NonFinitePolicy policy, StepSettings settings) {
-    [[maybe_unused]] const auto on = backend_.on_device();
+    [[maybe_unused]] const auto on = on_device();
     begin_step(items);
     if (settings.max_norm > 0 && placement_.ranks() > 1) {
       norm_sq_ = grad_sum_squares(items);  // the backend clips alone only what is all in this process
       settings.grad_scale = step_grad_scale(settings.grad_scale, settings.max_norm, *norm_sq_);
       settings.max_norm = 0;
     }
+    settings.counts = store_.counts();
     settings_ = settings;
     backend_.prepare(items, settings);
     enqueue(policy);
@@ -255,7 +300,7 @@ class Engine {
     open_on_device_ = false;
     if constexpr (folds_verdicts) {
       if (open_ && !Placement::sharded) {
-        [[maybe_unused]] const auto on = backend_.on_device();
+        [[maybe_unused]] const auto on = on_device();
         backend_.begin_verdicts();
         open_on_device_ = true;
       }
@@ -267,7 +312,7 @@ class Engine {
     OpenVerdicts v = open_host_;
     if constexpr (folds_verdicts) {
       if (open_on_device_) {
-        [[maybe_unused]] const auto on = backend_.on_device();
+        [[maybe_unused]] const auto on = on_device();
         v = backend_.read_verdicts();
       }
     }
@@ -280,13 +325,13 @@ class Engine {
   /// The last step's first offender, when it was rejected (may wait for a device).
   std::optional<Offender> outcome() const {
     if (verdict_.known) return verdict_.offender;
-    [[maybe_unused]] const auto on = backend_.on_device();
+    [[maybe_unused]] const auto on = on_device();
     return backend_.outcome();
   }
   /// The sum of g^2 the last step clipped by (StepSettings::max_norm).
   double clip_sum_squares() const {
     if (norm_sq_) return *norm_sq_;
-    [[maybe_unused]] const auto on = backend_.on_device();
+    [[maybe_unused]] const auto on = on_device();
     return backend_.clip_sum_squares();
   }
 
@@ -295,10 +340,11 @@ class Engine {
   auto capture(std::span<const StepItem> items, NonFinitePolicy policy, const StepSettings& settings)
     requires(!Placement::sharded && requires { typename Backend::graph_type; })
   {
-    [[maybe_unused]] const auto on = backend_.on_device();
+    [[maybe_unused]] const auto on = on_device();
     begin_step(items);
     settings_ = settings;
-    backend_.prepare(items, settings);
+    settings_.counts = store_.counts();
+    backend_.prepare(items, settings_);
     return backend_.capture(policy, settings.max_norm > 0, [&] { enqueue(policy); });
   }
   template <class Graph>
@@ -307,10 +353,11 @@ class Engine {
   }
   template <class Graph>
   void replay(const Graph& g, std::span<const StepItem> items, const StepSettings& settings) {
-    [[maybe_unused]] const auto on = backend_.on_device();
+    [[maybe_unused]] const auto on = on_device();
     begin_step(items);
     settings_ = settings;
-    backend_.prepare(items, settings);
+    settings_.counts = store_.counts();
+    backend_.prepare(items, settings_);
     backend_.launch(g);
   }
 
@@ -318,6 +365,9 @@ class Engine {
   int threads() const noexcept { return backend_.threads(); }
 
  private:
+  /// The backend's device current while the result lives.
+  auto on_device() const { return memory().scope(); }
+
   struct Tensor {
     Tier tier = Tier::backbone;
     bool momentum = false;
@@ -481,6 +531,7 @@ class Engine {
 
   Placement placement_;
   Backend backend_;
+  StateStore<memory_type> store_;  ///< after backend_: freed before it (~Engine)
   std::vector<Tensor> tensors_;
   index_t clip_count_ = 0;  ///< matrices of every tensor's pieces
   index_t cut_count_ = 0;   ///< values of every cut piece's column sums and sum of R_i

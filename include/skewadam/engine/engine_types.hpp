@@ -55,6 +55,9 @@ struct StepSettings {
   /// its tensors' counts (false: a step of one tensor inside an optimizer
   /// step still under way, Optimizer::step(ParamId)).
   bool counts_step = true;
+  /// The step counts (the engine's StateStore::counts(), in the backend's
+  /// memory): each tensor's, then the applied steps. The engine sets it.
+  std::int64_t* counts = nullptr;
 };
 
 /// The first offending gradient element of a step.

@@ -1,6 +1,6 @@
 #pragma once
 // The Backend concept: what the engine (engine.hpp) asks of a backend. A
-// backend owns memory, and every loop, launch, thread and reduction over the
+// backend owns its scratch, and every loop, launch, thread and reduction over the
 // pieces of a step; the engine's skeleton calls its passes in order, and the
 // placement (engine/placement/local.hpp, engine/placement/sharded.hpp) decides the pieces
 // and the exchanges between them. backend::CpuBackend<Arch>
@@ -9,9 +9,12 @@
 //
 // A piece is what this process steps of a tensor: whole matrices (one piece
 // for a tensor in one process), one matrix's row slice, or one matrix's
-// element range, with its place in the tensor (PieceSpec). A backend keeps a
-// tensor's state as its pieces' arrays concatenated in piece order: m and v
-// element by element, v_row row by row, v_col c values per matrix.
+// element range, with its place in the tensor (PieceSpec). The engine owns
+// the state, in the backend's memory (its memory_type, a MemoryPolicy:
+// engine/state_store.hpp): a backend is told where each piece's arrays are
+// (PieceState) when the tensor is added, and again by point() when an import
+// moves them, and where the step counts are with each step
+// (StepSettings::counts).
 //
 // One step, as the engine runs it (every member may enqueue work on a device
 // instead of doing it at once; "host" marks the members that return host
@@ -25,7 +28,7 @@
 //   check(policy) -> Verdict  the non-finite scan; known: the host has the
 //                             answer; else the device decides, and every
 //                             later pass leaves a rejected step alone
-//   resolve(verdict)  host    the first offender, waiting for the device
+//   outcome()         host    the first offender, waiting for the device
 //   reject()                  undoes what check() wrote (a rejected step)
 //   run(passes)               the listed passes of the step, in this order:
 //                             no exchange comes between them, so a backend
@@ -47,16 +50,12 @@
 //   divisors(), set_divisors()  host_divisors pieces: the clip divisors,
 //                             written by the placement, then handed back
 //
-// and outside a step: add(spec, pieces, kernels) (a tensor's kernels, which
-// the engine picks by rule and dtypes with kernels<Rule, P, G>(): for a
-// gradient of the parameter's dtype, and for an fp32 one), pop_back(), view(i), share(i),
-// stage(...), commit(...), counts(out), stage_counts(...), outcome(),
-// grad_sum_squares(items), clip_sum_squares(), state_bytes(i),
-// scratch_bytes(), check_memory(...), read_memory / write_memory,
-// set_threads(n), threads(), and on_device(): an object that keeps the
-// backend's device current while it lives (the engine holds one over each
-// call that allocates, launches or copies; an empty one where the memory is
-// the host's).
+// and outside a step: memory() (its memory policy), add(spec, pieces,
+// kernels, state) (a tensor's kernels, which the engine picks by rule and
+// dtypes with kernels<Rule, P, G>(): for a gradient of the parameter's dtype,
+// and for an fp32 one; and where its pieces' arrays are), pop_back(),
+// point(i, state), grad_sum_squares(items), clip_sum_squares(),
+// scratch_bytes(), set_threads(n), threads().
 
 #include <array>
 #include <concepts>
@@ -66,6 +65,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "../../detail/config.hpp"
@@ -94,41 +94,22 @@ struct PieceSpec {
   bool host_divisors = false;
 };
 
-/// Where a piece's arrays start in its tensor's share, in values of m (its
-/// words, state_layout.hpp), v, v_row and v_col; or the share's sizes.
-struct PieceOffsets {
-  index_t m = 0, v = 0, v_row = 0, v_col = 0;
+/// Where a piece's state arrays are, in the backend's memory (the engine's
+/// StateStore owns them): null where its rule keeps no such array.
+struct PieceState {
+  float* m = nullptr;
+  float* v = nullptr;
+  float* v_row = nullptr;
+  float* v_col = nullptr;
 };
 
-/// Each piece's offsets in its tensor's share (the pieces' arrays
-/// concatenated in piece order), then the share's sizes: pieces.size() + 1
-/// entries.
-inline std::vector<PieceOffsets> piece_offsets(const StateLayout& layout, std::span<const PieceSpec> pieces) {
-  std::vector<PieceOffsets> at(1);
-  for (const PieceSpec& p : pieces) {
-    PieceOffsets next = at.back();
-    next.m += momentum_words(layout, p.geom);
-    if (p.factored) {
-      next.v_row += p.geom.batch * p.geom.rows;
-      next.v_col += p.geom.batch * p.geom.cols;
-    } else {
-      next.v += p.geom.numel();
-    }
-    at.push_back(next);
-  }
-  return at;
-}
-
-/// Points a piece's task (its members m, v, v_row, v_col) at offsets `at` of
-/// its tensor's share (arrays with empty() and data()); null where the share
-/// has no such array.
-template <class Task, class Share>
-void point_piece(Task& task, Share& share, const PieceOffsets& at) {
-  auto in = [](auto& a, index_t k) -> float* { return a.empty() ? nullptr : a.data() + k; };
-  task.m = in(share.m, at.m);
-  task.v = in(share.v, at.v);
-  task.v_row = in(share.v_row, at.v_row);
-  task.v_col = in(share.v_col, at.v_col);
+/// Points a piece's task (its members m, v, v_row, v_col) at its arrays.
+template <class Task>
+void point_piece(Task& task, const PieceState& at) noexcept {
+  task.m = at.m;
+  task.v = at.v;
+  task.v_row = at.v_row;
+  task.v_col = at.v_col;
 }
 
 /// The passes of a step (see the top of this file), as a set.
@@ -147,41 +128,44 @@ struct Passes {
 };
 
 /// What check() found: `known` when the host has the answer (`offender`),
-/// otherwise it is on the device (resolve() fetches it).
+/// otherwise it is on the device (outcome() fetches it).
 struct Verdict {
   bool known = true;
   std::optional<Offender> offender;
 };
 
+/// What the engine needs of a backend's memory (memory/host_memory.hpp).
+template <class M>
+concept MemoryPolicy = requires(const M& m, typename M::template array<float>& a, std::vector<float>& v,
+                                 std::string_view name, const ParamView& p, const GradView& g, void* dst,
+                                 const void* src, std::size_t n) {
+  { M::host } -> std::convertible_to<bool>;
+  m.zeroed(a, n);
+  m.upload(a, std::move(v));
+  m.download(a, v);
+  { M::view(a) } -> std::same_as<std::span<const float>>;
+  m.read(dst, src, n);
+  m.write(dst, src, n);
+  m.check(name, p, g);
+  m.scope();
+  m.wait();
+};
+
 template <class B>
 concept Backend =
-    std::constructible_from<B, const OptimizerOptions&> &&
+    std::constructible_from<B, const OptimizerOptions&> && MemoryPolicy<typename B::memory_type> &&
     requires(B& b, const B& cb, const TensorRegistration& reg, std::span<const PieceSpec> pieces,
-             std::array<typename B::kernels_type, 2> kernels, std::size_t i,
-             ParamState&& share, typename B::staged_type& staged, std::span<const StepItem> items,
-             const StepSettings& settings, NonFinitePolicy policy, const Verdict& verdict,
-             std::span<std::int64_t> out, std::span<const std::int64_t> in, std::span<const float> divisors,
-             const std::string& who, const ParamView& p, const GradView& g, void* dst, const void* src,
-             std::size_t n, Passes passes) {
-      { B::host_memory } -> std::convertible_to<bool>;
-      b.add(reg, pieces, kernels);
+             std::array<typename B::kernels_type, 2> kernels, std::size_t i, std::span<const PieceState> state,
+             std::span<const StepItem> items, const StepSettings& settings, NonFinitePolicy policy,
+             Passes passes) {
+      { cb.memory() } -> std::same_as<typename B::memory_type>;
+      b.add(reg, pieces, kernels, state);
       { b.pop_back() } noexcept;
-      cb.check_memory(std::string_view(who), p, g);
-      { cb.view(i) } -> std::same_as<ParamStateView>;
-      { cb.share(i) } -> std::same_as<ParamState>;
-      { cb.stage_begin() } -> std::same_as<typename B::staged_type>;
-      cb.stage(staged, i, std::move(share));
-      cb.stage_counts(staged, in, std::int64_t{0});
-      { b.commit(std::move(staged)) } noexcept;
-      { cb.counts(out) } -> std::same_as<std::int64_t>;
-      { cb.state_bytes(i) } -> std::same_as<index_t>;
+      { b.point(i, state) } noexcept;
       { cb.scratch_bytes() } -> std::same_as<index_t>;
-      cb.read_memory(dst, src, n);
-      b.write_memory(dst, src, n);
       b.prepare(items, settings);
       b.begin();
       { b.check(policy) } -> std::same_as<Verdict>;
-      { cb.resolve(verdict) } -> std::same_as<std::optional<Offender>>;
       b.reject();
       b.run(passes);
       { b.cut_sums() } -> std::same_as<std::span<double>>;
@@ -194,7 +178,6 @@ concept Backend =
       { cb.clip_sum_squares() } -> std::same_as<double>;
       b.set_threads(1);
       { cb.threads() } -> std::same_as<int>;
-      cb.on_device();
     };
 
 }  // namespace skewadam::backend

@@ -98,7 +98,7 @@ class Sharded {
       float value = 0;
       float pad = 0;
     };
-    const std::optional<Offender> mine = verdict.known ? verdict.offender : b.resolve(verdict);
+    const std::optional<Offender> mine = verdict.known ? verdict.offender : b.outcome();
     Check c;
     std::uint64_t h = 14695981039346656037ull;
     for (std::size_t i : stepped) {

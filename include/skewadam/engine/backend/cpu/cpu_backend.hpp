@@ -54,6 +54,7 @@
 #endif
 
 #include "../../../detail/config.hpp"
+#include "../../../memory/host_memory.hpp"
 #include "../../../math/step_scalars.hpp"
 #include "../../../rules/rule_dispatch.hpp"
 #include "../../../types/dtype.hpp"
@@ -95,14 +96,7 @@ template <class Arch = DispatchArch>
 class CpuBackend {
  public:
   using arch = Arch;
-  static constexpr bool host_memory = true;
-
-  /// An import's shares and counts, until commit().
-  struct staged_type {
-    std::vector<std::optional<ParamState>> shares;
-    std::optional<std::vector<std::int64_t>> counts;
-    std::int64_t steps = 0;
-  };
+  using memory_type = HostMemory;
 
   /// Checks the architecture choice (SKEWADAM_CPU_ARCH) up front: an invalid
   /// one throws here, before any parameter is registered. The backend of the
@@ -143,9 +137,8 @@ class CpuBackend {
     scratch_.resize(threads_, max_cols_);
   }
   int threads() const noexcept { return threads_; }
-  /// Nothing to make current: the memory is the host's.
-  struct NoDevice {};
-  NoDevice on_device() const noexcept { return {}; }
+  /// The host's memory (the engine keeps the state there).
+  HostMemory memory() const noexcept { return {}; }
   static int hardware_threads() noexcept {
 #if defined(_OPENMP)
     return std::max(1, omp_get_max_threads());
@@ -154,41 +147,32 @@ class CpuBackend {
 #endif
   }
 
-  // ------------------------------------------------------------ memory
-  void check_memory(std::string_view, const ParamView&, const GradView&) const noexcept {}
-  void read_memory(void* host, const void* p, std::size_t n) const noexcept {
-    if (n > 0) std::memcpy(host, p, n);
-  }
-  void write_memory(void* p, const void* host, std::size_t n) noexcept {
-    if (n > 0) std::memcpy(p, host, n);
-  }
-
   // ------------------------------------------------------ registration
   /// A tensor's kernels: for a gradient of the parameter's dtype, and for an
   /// fp32 one (the engine picks them by rule and dtypes, kernels<Rule, P, G>()).
   using kernels_type = const KernelTable*;
 
-  void add(const TensorRegistration& reg, std::span<const PieceSpec> specs, std::array<kernels_type, 2> kernels) {
+  /// Tensor n's pieces, whose arrays are at `state` (one per piece).
+  void add(const TensorRegistration& reg, std::span<const PieceSpec> specs, std::array<kernels_type, 2> kernels,
+           std::span<const PieceState> state) {
     Tensor e;
     e.kernels = kernels;
     e.tier = reg.tier;
-    const std::vector<PieceOffsets> at = piece_offsets(reg.layout, specs);
-    const PieceOffsets& size = at.back();
-    e.state.m.assign(static_cast<std::size_t>(size.m), 0.0f);
-    e.state.v.assign(static_cast<std::size_t>(size.v), 0.0f);
-    e.state.v_row.assign(static_cast<std::size_t>(size.v_row), 0.0f);
-    e.state.v_col.assign(static_cast<std::size_t>(size.v_col), 0.0f);
     e.factored = !specs.empty() && specs.front().factored;
     if (!specs.empty()) e.limit = gradient_limit({1, specs.front().full_rows, specs.front().geom.cols}, e.factored);
     const bool stored = reg.layout.momentum && reg.layout.storage != MomentumStorage::f32;
     // a tensor is restorable when its statistics pass writes only R and C
-    e.restorable = e.factored && e.state.m.empty();
-    if (e.restorable) e.backup_floats = size.v_row + size.v_col;
+    e.restorable = e.factored && !reg.layout.momentum;
+    for (const PieceSpec& spec : specs)
+      if (spec.factored) {
+        e.rows += spec.geom.batch * spec.geom.rows;
+        e.cols += spec.geom.batch * spec.geom.cols;
+      }
+    if (e.restorable) e.backup_floats = e.rows + e.cols;
     for (std::size_t q = 0; q < specs.size(); ++q) {
       const PieceSpec& spec = specs[q];
       PieceWork p;
       p.spec = spec;
-      p.at = at[q];
       TensorTask& t = p.task;
       t.geom = spec.geom;
       t.factored = spec.factored;
@@ -211,7 +195,7 @@ class CpuBackend {
       p.cut_at = spec.cut ? static_cast<index_t>(cut_sums_.size() + e.cut_values()) : -1;
       e.pieces.push_back(std::move(p));
     }
-    point(e);
+    point(e, state);
     const index_t cols_needed = specs.empty() || !e.factored ? 0 : specs.front().geom.cols;
     if (cols_needed > max_cols_) {
       scratch_.resize(threads_, cols_needed);
@@ -221,7 +205,6 @@ class CpuBackend {
     divisors_.resize(clip_sums_.size(), 1.0f);
     cut_sums_.resize(cut_sums_.size() + static_cast<std::size_t>(e.cut_values()), 0.0);
     tensors_.push_back(std::move(e));
-    counts_.push_back(0);
   }
   void pop_back() noexcept {
     const Tensor& e = tensors_.back();
@@ -229,44 +212,10 @@ class CpuBackend {
     divisors_.resize(clip_sums_.size());
     cut_sums_.resize(cut_sums_.size() - static_cast<std::size_t>(e.cut_values()));
     tensors_.pop_back();
-    counts_.pop_back();
   }
+  /// Tensor i's arrays are now at `state` (an import moved them).
+  void point(std::size_t i, std::span<const PieceState> state) noexcept { point(tensors_[i], state); }
 
-  // ---------------------------------------------------------------- state
-  ParamStateView view(std::size_t i) const {
-    const ParamState& s = tensors_[i].state;
-    return {s.m, s.v, s.v_row, s.v_col, 0};
-  }
-  ParamState share(std::size_t i) const { return tensors_[i].state; }
-  staged_type stage_begin() const {
-    staged_type s;
-    s.shares.resize(tensors_.size());
-    return s;
-  }
-  void stage(staged_type& staged, std::size_t i, ParamState&& share) const {
-    share.step = 0;
-    staged.shares[i] = std::move(share);
-  }
-  void stage_counts(staged_type& staged, std::span<const std::int64_t> counts, std::int64_t steps) const {
-    staged.counts.emplace(counts.begin(), counts.end());
-    staged.steps = steps;
-  }
-  void commit(staged_type&& staged) noexcept {
-    for (std::size_t i = 0; i < tensors_.size(); ++i) {
-      if (!staged.shares[i]) continue;
-      std::swap(tensors_[i].state, *staged.shares[i]);
-      point(tensors_[i]);
-    }
-    if (staged.counts) {
-      std::swap(counts_, *staged.counts);
-      steps_ = staged.steps;
-    }
-  }
-  std::int64_t counts(std::span<std::int64_t> out) const {
-    std::copy(counts_.begin(), counts_.end(), out.begin());
-    return steps_;
-  }
-  index_t state_bytes(std::size_t i) const noexcept { return tensors_[i].state.bytes(); }
   index_t scratch_bytes() const noexcept {
     std::size_t b = scratch_.bytes() + 8 * (clip_sums_.size() + cut_sums_.size()) + 4 * divisors_.size() +
                     4 * workspace_.size();
@@ -279,6 +228,7 @@ class CpuBackend {
   // ----------------------------------------------------------------- step
   void prepare(std::span<const StepItem> items, const StepSettings& settings) {
     settings_ = settings;
+    counts_ = settings.counts;
     stepped_.clear();
     tasks_.clear();
     place_workspace(items);
@@ -333,8 +283,8 @@ class CpuBackend {
     for (const Stepped& s : stepped_) {
       Tensor& e = tensors_[s.index];
       if (e.pieces.empty()) continue;
-      if (e.restorable && all_finite(e.state.v_row.data(), e.state.v_row.size()) &&
-          all_finite(e.state.v_col.data(), e.state.v_col.size()))
+      if (e.restorable && all_finite(e.v_row, static_cast<std::size_t>(e.rows)) &&
+          all_finite(e.v_col, static_cast<std::size_t>(e.cols)))
         continue;
       if (e.restorable) {  // something offends: find it
         begin_pass();
@@ -350,15 +300,13 @@ class CpuBackend {
     }
     return verdict_;
   }
-  std::optional<Offender> resolve(const Verdict& v) const { return v.offender; }
   /// Restores what check() wrote: the statistics of restorable tensors.
   void reject() noexcept {
     for (const Stepped& s : stepped_) {
       Tensor& e = tensors_[s.index];
       if (!e.restorable) continue;
-      float* split = e.backup + e.state.v_row.size();
-      std::copy(e.backup, split, e.state.v_row.begin());
-      std::copy(split, split + e.state.v_col.size(), e.state.v_col.begin());
+      std::copy_n(e.backup, e.rows, e.v_row);
+      std::copy_n(e.backup + e.rows, e.cols, e.v_col);
     }
   }
 
@@ -396,7 +344,7 @@ class CpuBackend {
     }
     if (passes.has(Pass::count)) {
       for (const Stepped& s : stepped_) ++counts_[s.index];
-      if (settings_.counts_step) ++steps_;
+      if (settings_.counts_step) ++counts_[tensors_.size()];
     }
   }
   std::span<double> cut_sums() noexcept { return cut_sums_; }
@@ -445,7 +393,6 @@ class CpuBackend {
     index_t partial_floats = 0;  ///< of the step's workspace, for its row blocks' column sums and again for D_j
     std::vector<double> unit_sum;
     std::vector<double> scan;  ///< per chunk: first offending offset, or -1
-    PieceOffsets at;      ///< where its arrays start in the tensor's share
     index_t clip_at = 0;  ///< its first matrix in clip_sums_ and divisors_
     index_t cut_at = -1;  ///< its c + 1 values in cut_sums_ (cut)
   };
@@ -455,7 +402,9 @@ class CpuBackend {
     bool factored = false;
     bool restorable = false;
     float limit = 0;
-    ParamState state;           ///< this process's share; its step stays 0
+    index_t rows = 0, cols = 0;  ///< factored: its pieces' R_i and C_j (their arrays' sizes)
+    float* v_row = nullptr;      ///< its pieces' R_i, then
+    float* v_col = nullptr;      ///< their C_j, each concatenated in piece order (the engine's StateStore)
     index_t backup_floats = 0;  ///< restorable: v_row and v_col, saved before the step
     float* backup = nullptr;    ///< where in the step's workspace
     std::vector<PieceWork> pieces;
@@ -482,11 +431,14 @@ class CpuBackend {
     bool done;  ///< its statistics ran in check()
   };
 
-  /// Points e's pieces at its share of the state.
-  static void point(Tensor& e) {
-    for (PieceWork& p : e.pieces) {
+  /// Points e's pieces at their arrays, and their scratch.
+  static void point(Tensor& e, std::span<const PieceState> state) noexcept {
+    e.v_row = state.empty() ? nullptr : state.front().v_row;
+    e.v_col = state.empty() ? nullptr : state.front().v_col;
+    for (std::size_t q = 0; q < e.pieces.size(); ++q) {
+      PieceWork& p = e.pieces[q];
       TensorTask& t = p.task;
-      point_piece(t, e.state, p.at);
+      point_piece(t, state[q]);
       t.matrices = p.matrices.data();
       t.col_partial = t.d_partial = nullptr;  // the step's workspace (place_workspace)
       t.unit_sum = p.unit_sum.empty() ? nullptr : p.unit_sum.data();
@@ -494,8 +446,8 @@ class CpuBackend {
   }
 
   void save_statistics(Tensor& e) {
-    std::copy(e.state.v_row.begin(), e.state.v_row.end(), e.backup);
-    std::copy(e.state.v_col.begin(), e.state.v_col.end(), e.backup + e.state.v_row.size());
+    std::copy_n(e.v_row, e.rows, e.backup);
+    std::copy_n(e.v_col, e.cols, e.backup + e.rows);
   }
 
   /// Points the stepped pieces' column partials and the restorable tensors'
@@ -688,8 +640,7 @@ class CpuBackend {
     return s;
   }();
   std::vector<Tensor> tensors_;
-  std::vector<std::int64_t> counts_;
-  std::int64_t steps_ = 0;
+  std::int64_t* counts_ = nullptr;  ///< the engine's (StepSettings::counts): n + 1 values
   std::vector<double> clip_sums_;  ///< per matrix of every piece
   std::vector<float> divisors_;
   std::vector<double> cut_sums_;   ///< per cut piece: c column sums, the sum of R_i

@@ -71,25 +71,14 @@ class CudaBackend {
   using DeviceTask = cuda::DeviceTask;
   using GroupPasses = cuda::GroupPasses<R>;
 
-  /// A tensor's share of the state, in device memory: its pieces' arrays concatenated.
-  struct Shares {
-    Array<float> m, v, v_row, v_col;
-  };
-
  public:
   using runtime = R;
-  static constexpr bool host_memory = false;
+  using memory_type = cuda::StreamMemory<R>;
   using kernels_type = const GroupPasses*;
   template <class Rule, class P, class G>
   static kernels_type kernels() {
     return cuda::passes_of<R, Rule, P, G>();
   }
-
-  /// An import's arrays and counts, in device memory until commit().
-  struct staged_type {
-    std::vector<std::optional<Shares>> shares;
-    Array<std::int64_t> counts;
-  };
 
   /// A step captured for replay, with what it was captured against.
   class graph_type {
@@ -98,6 +87,7 @@ class CudaBackend {
     std::uint64_t generation_ = 0;
     std::vector<const void*> grads_;
     std::vector<kernels_type> kernels_;
+    const std::int64_t* counts_ = nullptr;
     NonFinitePolicy policy_ = NonFinitePolicy::skip_step;
     bool clips_ = false;
 
@@ -116,7 +106,7 @@ class CudaBackend {
     outcome_ = array<cuda::CheckOutcome>(1);
     open_outcome_ = array<cuda::OpenOutcome>(1);
     norm_sq_ = array<double>(1);
-    tables_ = build_tables({0});
+    tables_ = build_tables();
     R::zero(outcome_.data(), outcome_.bytes(), stream_);
     R::zero(norm_sq_.data(), norm_sq_.bytes(), stream_);
     R::synchronize(stream_);
@@ -172,21 +162,19 @@ class CudaBackend {
   int threads() const noexcept { return 1; }
 
   // -------------------------------------------------------------- memory
-  void check_memory(std::string_view name, const ParamView& p, const GradView& g) const {
-    Mem::check(name, p, g, device_);
-  }
-  /// Bytes between device memory and the host (in stream order; both wait).
-  void read_memory(void* host, const void* device, std::size_t n) const { Mem::read(host, device, n, stream_); }
-  void write_memory(void* device, const void* host, std::size_t n) { Mem::write(device, host, n, stream_); }
+  /// Its device's memory, copies in its stream's order (the engine keeps the
+  /// state there).
+  memory_type memory() const { return memory_type{mem_, stream_, device_}; }
 
   // -------------------------------------------------------- registration
-  void add(const TensorRegistration& reg, std::span<const PieceSpec> specs, std::array<kernels_type, 2> kernels) {
+  /// Tensor n's pieces, whose arrays are at `state` (one per piece).
+  void add(const TensorRegistration& reg, std::span<const PieceSpec> specs, std::array<kernels_type, 2> kernels,
+           std::span<const PieceState> state) {
     Tensor e;
     e.kernels = kernels;
     e.ops = kernels[0];
     e.whole = reg.param.shape.matrices();
     const auto index = static_cast<std::int32_t>(tensors_.size());
-    const std::vector<PieceOffsets> at = piece_offsets(reg.layout, specs);
     std::vector<cuda::ScratchSizes> sizes;
     cuda::ScratchSizes total;
     for (std::size_t q = 0; q < specs.size(); ++q) {
@@ -214,13 +202,8 @@ class CudaBackend {
       total.doubles += sz.doubles;
       total.counters += sz.counters;
       e.limit = gradient_limit(MatrixGeometry{1, spec.full_rows, spec.geom.cols}, spec.factored);
-      e.pieces.push_back(PieceWork{spec, d, at[q]});
+      e.pieces.push_back(PieceWork{spec, d});
     }
-    const PieceOffsets& size = at.back();
-    mem_.zeroed(e.state.m, static_cast<std::size_t>(size.m), stream_);
-    mem_.zeroed(e.state.v, static_cast<std::size_t>(size.v), stream_);
-    mem_.zeroed(e.state.v_row, static_cast<std::size_t>(size.v_row), stream_);
-    mem_.zeroed(e.state.v_col, static_cast<std::size_t>(size.v_col), stream_);
     e.scratch_f = array<float>(total.floats);
     e.scratch_d = array<double>(total.doubles);
     if (total.counters > 0) mem_.zeroed(e.done, total.counters, stream_);
@@ -228,17 +211,14 @@ class CudaBackend {
     for (std::size_t q = 0; q < e.pieces.size(); ++q) {
       PieceWork& p = e.pieces[q];
       cuda::place_scratch(p.task, p.spec.factored, e.scratch_f.data() + f, e.scratch_d.data() + x, e.done.data() + k);
-      point_piece(p.task, e.state, p.offsets);
+      point_piece(p.task, state[q]);
       f += sizes[q].floats;
       x += sizes[q].doubles;
       k += sizes[q].counters;
     }
-    std::vector<std::int64_t> counts(tensors_.size() + 1);
-    R::to_host(counts.data(), tables_.counts.data(), tables_.counts.bytes(), stream_);
-    counts.insert(counts.end() - 1, 0);  // the new tensor's, before the optimizer's
     tensors_.push_back(std::move(e));
     try {
-      Tables next = build_tables(counts);
+      Tables next = build_tables();
       R::synchronize(stream_);  // the zeroing and the tables' uploads
       undo_ = std::move(tables_);
       tables_ = std::move(next);
@@ -255,66 +235,18 @@ class CudaBackend {
     ++generation_;
   }
 
-  // ---------------------------------------------------------------- state
-  ParamStateView view(std::size_t i) const {
-    const Shares& s = tensors_[i].state;
-    return {Mem::view(s.m), Mem::view(s.v), Mem::view(s.v_row), Mem::view(s.v_col), 0};
-  }
-  ParamState share(std::size_t i) const {
-    const Shares& d = tensors_[i].state;
-    ParamState s;
-    Mem::download(d.m, s.m, stream_);
-    Mem::download(d.v, s.v, stream_);
-    Mem::download(d.v_row, s.v_row, stream_);
-    Mem::download(d.v_col, s.v_col, stream_);
-    return s;
-  }
-  staged_type stage_begin() const {
-    staged_type s;
-    s.shares.resize(tensors_.size());
-    return s;
-  }
-  void stage(staged_type& staged, std::size_t i, ParamState&& share) const {
-    Shares d;
-    mem_.upload(d.m, share.m, stream_);
-    mem_.upload(d.v, share.v, stream_);
-    mem_.upload(d.v_row, share.v_row, stream_);
-    mem_.upload(d.v_col, share.v_col, stream_);
-    R::synchronize(stream_);  // the host copies are freed at return
-    staged.shares[i] = std::move(d);
-  }
-  void stage_counts(staged_type& staged, std::span<const std::int64_t> counts, std::int64_t steps) const {
-    std::vector<std::int64_t> all(counts.begin(), counts.end());
-    all.push_back(steps);
-    mem_.upload(staged.counts, all, stream_);
-    R::synchronize(stream_);
-  }
-  /// Swaps the staged arrays in (the old ones are freed with `staged`).
-  void commit(staged_type&& staged) noexcept {
-    if (!staged.counts.empty()) std::swap(tables_.counts, staged.counts);
-    for (std::size_t i = 0; i < tensors_.size(); ++i) {
-      if (!staged.shares[i]) continue;
-      Tensor& e = tensors_[i];
-      std::swap(e.state, *staged.shares[i]);
-      for (PieceWork& p : e.pieces) {
-        point_piece(p.task, e.state, p.offsets);
-        point_piece(tables_.tasks[static_cast<std::size_t>(p.at)], e.state, p.offsets);
-      }
+  /// Tensor i's arrays are now at `state` (an import moved them).
+  void point(std::size_t i, std::span<const PieceState> state) noexcept {
+    Tensor& e = tensors_[i];
+    for (std::size_t q = 0; q < e.pieces.size(); ++q) {
+      PieceWork& p = e.pieces[q];
+      point_piece(p.task, state[q]);
+      point_piece(tables_.tasks[static_cast<std::size_t>(p.at)], state[q]);
     }
     tables_.tasks_dirty = true;
-    ++generation_;  // a graph reads the arrays and counts it was captured with
+    ++generation_;  // a graph reads the arrays it was captured with
   }
-  /// Every tensor's count into out and the applied steps; waits for the device.
-  std::int64_t counts(std::span<std::int64_t> out) const {
-    std::vector<std::int64_t> all(tensors_.size() + 1);
-    R::to_host(all.data(), tables_.counts.data(), all.size() * sizeof(std::int64_t), stream_);
-    std::copy(all.begin(), all.end() - 1, out.begin());
-    return all.back();
-  }
-  index_t state_bytes(std::size_t i) const noexcept {
-    const Shares& s = tensors_[i].state;
-    return static_cast<index_t>(s.m.bytes() + s.v.bytes() + s.v_row.bytes() + s.v_col.bytes());
-  }
+
   /// Device memory besides the state: each piece's scratch, the step's
   /// tables (those of the last registration's undo included) and the
   /// statistics workspace the groups share.
@@ -323,7 +255,7 @@ class CudaBackend {
         control_d_.bytes() + outcome_.bytes() + open_outcome_.bytes() + norm_sq_.bytes() + workspace_.bytes();
     for (const Tensor& e : tensors_) b += e.scratch_f.bytes() + e.scratch_d.bytes() + e.done.bytes();
     for (const Tables* t : {&tables_, &undo_}) {
-      b += t->d_tasks.bytes() + t->d_steps.bytes() + t->counts.bytes() + t->d_stepped.bytes() +
+      b += t->d_tasks.bytes() + t->d_steps.bytes() + t->d_stepped.bytes() +
            t->check_items.bytes() + t->grad_tasks.bytes() + t->first.bytes() + t->value.bytes() +
            t->partial.bytes() + t->total.bytes() + t->sums.bytes() + t->divisors.bytes() + t->cut.bytes();
       for (const Group& g : t->groups) b += g.items.bytes() + g.ids.bytes();
@@ -372,6 +304,7 @@ class CudaBackend {
     sync_grad_table(items);
     focus_ = items.size() == 1 ? static_cast<int>(items.front().index) : items.empty() ? no_tensor : -1;
     counts_step_ = settings.counts_step;
+    counts_ = settings.counts;
     cuda::StepControl c;
     for (int k = 0; k < tier_count; ++k) c.hyper[k] = settings.hyper[static_cast<std::size_t>(k)];
     c.grad_scale = settings.grad_scale;
@@ -392,7 +325,7 @@ class CudaBackend {
     R::template launch<&cuda::begin_step_kernel<>>(
         grid(std::max<std::size_t>(1, (t.tasks.size() + 127) / 128)), 128u, stream_,
         static_cast<const DeviceTask*>(t.d_tasks.data()), static_cast<const cuda::StepControl*>(control_d_.data()),
-        static_cast<const std::int64_t*>(t.counts.data()), t.d_steps.data(), static_cast<int>(t.tasks.size()),
+        static_cast<const std::int64_t*>(counts_), t.d_steps.data(), static_cast<int>(t.tasks.size()),
         outcome_.data());
   }
   Verdict check(NonFinitePolicy policy) {
@@ -417,7 +350,6 @@ class CudaBackend {
                                                static_cast<int>(t.tasks.size()), outcome_.data());
     return Verdict{false, std::nullopt};
   }
-  std::optional<Offender> resolve(const Verdict& v) const { return v.known ? v.offender : outcome(); }
   void reject() noexcept {}  // the device wrote nothing: the later passes were never enqueued
 
   /// The passes of a step (backend.hpp), each group's launches in turn.
@@ -431,7 +363,7 @@ class CudaBackend {
     if (passes.has(Pass::count))
       R::template launch<&cuda::end_step_kernel<>>(1u, cuda::block_threads, stream_,
                                                    static_cast<const int*>(tables_.d_stepped.data()),
-                                                   tables_.counts.data(), static_cast<int>(tensors_.size()),
+                                                   counts_, static_cast<int>(tensors_.size()),
                                                    static_cast<const cuda::CheckOutcome*>(outcome_.data()),
                                                    counts_step_ ? 1 : 0);
   }
@@ -513,6 +445,7 @@ class CudaBackend {
           "stream: a step on the default stream cannot be captured (build the optimizer with OptimizerOptions::stream)");
     graph_type g;
     g.generation_ = generation_;
+    g.counts_ = counts_;
     g.grads_ = grads_;
     for (const Tensor& e : tensors_) g.kernels_.push_back(e.ops);
     g.policy_ = policy;
@@ -542,14 +475,17 @@ class CudaBackend {
     return std::nullopt;
   }
   /// Runs a captured step (replay_problem() must have found nothing; prepare() ran first).
-  void launch(const graph_type& g) { R::launch_graph(g.graph_, stream_); }
+  void launch(const graph_type& g) {
+    if (g.counts_ != counts_)
+      throw std::invalid_argument("graph: the step counts moved since it was captured (a state imported): capture it again");
+    R::launch_graph(g.graph_, stream_);
+  }
 
  private:
   /// A piece (PieceSpec) with what this backend keeps to step it.
   struct PieceWork {
     PieceSpec spec;
     DeviceTask task;       ///< its state and scratch (the tables add the step's pointers)
-    PieceOffsets offsets;  ///< where its arrays start in the tensor's share
     index_t at = 0;        ///< its index in the tables
   };
   struct Tensor {
@@ -558,7 +494,6 @@ class CudaBackend {
     MatrixGeometry whole{};      ///< its matrices, whatever this process holds of them
     float limit = 0;
     std::vector<PieceWork> pieces;
-    Shares state;
     Array<float> scratch_f;
     Array<double> scratch_d;
     Array<unsigned> done;
@@ -586,7 +521,6 @@ class CudaBackend {
     Array<DeviceTask> d_tasks;
     bool tasks_dirty = false;
     Array<cuda::TaskStep> d_steps;  ///< formed on the device by begin_step_kernel
-    Array<std::int64_t> counts;     ///< [n + 1]: each tensor's count, then the applied steps
     std::vector<int> stepped;       ///< per tensor: in the step (what d_stepped holds)
     Array<int> d_stepped;
     std::vector<Group> groups;
@@ -749,9 +683,8 @@ class CudaBackend {
     for (Group& g : groups) g.arrays.workspace = g.workspace == 0 ? nullptr : workspace_.data() + g.workspace_at;
   }
 
-  /// The tables of every registered tensor with these counts (n + 1:
-  /// registration; uploads in stream order).
-  Tables build_tables(const std::vector<std::int64_t>& counts) {
+  /// The tables of every registered tensor (uploads in stream order).
+  Tables build_tables() {
     Tables t;
     std::size_t matrices = 0, cut = 0;
     for (Tensor& e : tensors_)
@@ -779,7 +712,6 @@ class CudaBackend {
       }
     mem_.upload(t.d_tasks, t.tasks, stream_);
     mem_.upload(t.d_steps, std::vector<cuda::TaskStep>(t.tasks.size()), stream_);
-    mem_.upload(t.counts, counts, stream_);
     t.stepped.assign(tensors_.size(), 0);
     mem_.upload(t.d_stepped, t.stepped, stream_);
     std::vector<kernels_type> ops;
@@ -831,6 +763,7 @@ class CudaBackend {
   cuda::StepControl control_{};  ///< what control_d_ holds once control_uploaded_
   bool control_uploaded_ = false;
   bool counts_step_ = true;  ///< the step being enqueued advances the optimizer count (StepSettings::counts_step)
+  std::int64_t* counts_ = nullptr;  ///< the engine's (StepSettings::counts): n + 1 values on the device
   /// The one tensor the step being enqueued steps, or -1 (several), or
   /// no_tensor (none: a step that only counts, as finish_step()'s).
   int focus_ = -1;

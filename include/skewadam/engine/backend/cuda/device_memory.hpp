@@ -221,4 +221,46 @@ struct DeviceMemory {
   }
 };
 
+/// The memory policy of a device backend (memory/host_memory.hpp lists its
+/// members): DeviceMemory's arrays, copies in the order of one stream, on
+/// one device.
+template <class R>
+struct StreamMemory {
+  static constexpr bool host = false;
+  template <class T>
+  using array = DeviceArray<R, T>;
+  using Stream = typename R::stream_type;
+
+  DeviceMemory<R> mem{};
+  Stream stream{};
+  int device = -1;
+
+  template <class T>
+  void zeroed(array<T>& a, std::size_t n) const {
+    mem.zeroed(a, n, stream);
+    R::synchronize(stream);
+  }
+  /// (waits: v is freed at return)
+  template <class T>
+  void upload(array<T>& a, std::vector<T>&& v) const {
+    mem.upload(a, v, stream);
+    R::synchronize(stream);
+  }
+  template <class T>
+  void download(const array<T>& a, std::vector<T>& out) const {
+    DeviceMemory<R>::download(a, out, stream);
+  }
+  template <class T>
+  static std::span<const T> view(const array<T>& a) noexcept {
+    return {a.data(), a.size()};
+  }
+  void read(void* to, const void* p, std::size_t n) const { DeviceMemory<R>::read(to, p, n, stream); }
+  void write(void* p, const void* from, std::size_t n) const { DeviceMemory<R>::write(p, from, n, stream); }
+  void check(std::string_view name, const ParamView& p, const GradView& g) const {
+    DeviceMemory<R>::check(name, p, g, device);
+  }
+  DeviceScope<R> scope() const { return DeviceScope<R>(device); }
+  void wait() const { R::synchronize(stream); }
+};
+
 }  // namespace skewadam::backend::cuda
