@@ -65,11 +65,17 @@ __device__ SKEWADAM_ALWAYS_INLINE bool grad_offends(const GradTask& t, float sca
   return offends(static_cast<const float*>(t.grad)[o], scale, t.limit);
 }
 
+/// The shared memory block_min works in, given by its caller.
+template <class T>
+struct BlockMinRoom {
+  T part[block_warps];
+};
+
 /// The smallest x over the block; every thread gets it. Two __syncthreads():
 /// call from every thread of a block of block_threads threads.
 template <class T>
-__device__ SKEWADAM_ALWAYS_INLINE T block_min(T x) {
-  __shared__ T part[block_warps];
+__device__ SKEWADAM_ALWAYS_INLINE T block_min(T x, BlockMinRoom<T>& room) {
+  T* part = room.part;
   for (int off = 16; off > 0; off >>= 1) {
     const T y = __shfl_xor_sync(0xffffffffu, x, off);
     x = y < x ? y : x;
@@ -103,7 +109,8 @@ __global__ void __launch_bounds__(block_threads)
       best = base + o;  // strided: a thread's first hit is its smallest
       break;
     }
-  best = detail::block_min(best);
+  __shared__ detail::BlockMinRoom<index_t> room;
+  best = detail::block_min(best, room);
   if (threadIdx.x == 0) {
     first[it.block] = best == detail::none ? -1 : best;
     value[it.block] = best == detail::none ? 0.0f : detail::grad_value(t.grad, t.dtype, best) * scale;
@@ -120,7 +127,8 @@ __global__ void __launch_bounds__(block_threads)
       best = k;
       break;
     }
-  best = detail::block_min(best);
+  __shared__ detail::BlockMinRoom<index_t> room;
+  best = detail::block_min(best, room);
   if (best == detail::none) {  // the same for every thread
     if (threadIdx.x == 0) *out = CheckOutcome{};
     return;
@@ -144,7 +152,8 @@ __global__ void __launch_bounds__(block_threads)
     const double g = detail::grad_value(t.grad, t.dtype, base + o);
     x[0] += g * g;
   }
-  detail::block_sum(x);
+  __shared__ detail::BlockSumRoom<double, 1> room;
+  detail::block_sum(x, room);
   if (threadIdx.x == 0) partial[it.block] = x[0];
 }
 
@@ -152,7 +161,8 @@ template <int = 0>
 __global__ void __launch_bounds__(block_threads) total_kernel(const double* partial, index_t n, double* out) {
   double x[1] = {0.0};
   for (index_t k = threadIdx.x; k < n; k += blockDim.x) x[0] += partial[k];
-  detail::block_sum(x);
+  __shared__ detail::BlockSumRoom<double, 1> room;
+  detail::block_sum(x, room);
   if (threadIdx.x == 0) *out = x[0];
 }
 

@@ -108,11 +108,19 @@ namespace skewadam::backend::cuda {
 
 namespace detail {
 
+/// The shared memory block_sum works in, given by its caller (a __shared__
+/// object, as CUB's TempStorage is), so that a kernel declares every byte of
+/// shared memory it uses.
+template <class T, int N>
+struct BlockSumRoom {
+  T part[N * block_warps];
+};
+
 /// Sums x[k] over the block, in a fixed order; every thread gets the totals.
 /// Contains two __syncthreads(): call from every thread of the block.
 template <class T, int N>
-__device__ SKEWADAM_ALWAYS_INLINE void block_sum(T (&x)[N]) {
-  __shared__ T part[N * block_warps];
+__device__ SKEWADAM_ALWAYS_INLINE void block_sum(T (&x)[N], BlockSumRoom<T, N>& room) {
+  T* part = room.part;
   for (int k = 0; k < N; ++k)
     for (int off = 16; off > 0; off >>= 1) x[k] += __shfl_xor_sync(0xffffffffu, x[k], off);
   const int warp = static_cast<int>(threadIdx.x) >> 5;
@@ -292,7 +300,8 @@ struct Math {
     float* rs = t.v_row + b * t.geom.rows + i;
     float old[K];
     for (int q = 0; q < K; ++q) old[q] = rs[q];  // read before thread 0 writes (after the barrier)
-    detail::block_sum<float, K>(part);
+    __shared__ detail::BlockSumRoom<float, K> room;
+    detail::block_sum(part, room);
     const float fc = static_cast<float>(t.geom.cols);
     for (int q = 0; q < K; ++q) {
       const float r = S::update_statistic(old[q], part[q] / fc, s);
@@ -430,6 +439,7 @@ struct Math {
     __shared__ double s_dj[block_warps][32];
     __shared__ double s_fl[block_warps][32];
     __shared__ int s_last;
+    __shared__ detail::BlockSumRoom<double, 1> s_sum;
     const index_t r = t.geom.rows;
     const index_t c = t.geom.cols;
     const index_t nb = it.block;
@@ -453,7 +463,7 @@ struct Math {
       mean[0] = shard[c];
     } else {
       for (index_t i = threadIdx.x; i < r; i += blockDim.x) mean[0] += static_cast<double>(rs[i]);
-      detail::block_sum<double, 1>(mean);
+      detail::block_sum(mean, s_sum);
     }
     const float vbar = S::vbar(static_cast<float>(mean[0] / static_cast<double>(rows_all)));
     if (it.begin == 0 && threadIdx.x == 0) t.vbar[b] = vbar;
@@ -494,7 +504,8 @@ struct Math {
       float any_floored[1] = {0.0f};
       for (index_t i = threadIdx.x; i < r; i += blockDim.x)
         if (rs[i] > 0.0f && S::row_floored(rs[i], vbar, s)) any_floored[0] = 1.0f;
-      detail::block_sum<float, 1>(any_floored);
+      __shared__ detail::BlockSumRoom<float, 1> s_any;
+      detail::block_sum(any_floored, s_any);
       double dj = 0.0;
       double fl = 0.0;
       if (active && !(any_floored[0] > 0.0f)) {
@@ -578,7 +589,8 @@ struct Math {
         acc[0] += __ldcg(term + jj);
         acc[1] += __ldcg(flt + jj);
       }
-      detail::block_sum<double, 2>(acc);
+      __shared__ detail::BlockSumRoom<double, 2> s_acc;
+      detail::block_sum(acc, s_acc);
       if (threadIdx.x == 0) {
         t.matrix_sum[b] = static_cast<double>(vbar) * acc[0] + acc[1];
         t.done[b] = 0u;
@@ -615,7 +627,8 @@ struct Math {
       const float* rs = t.v_row + b * r;
       double sum[1] = {0.0};
       for (index_t i = threadIdx.x; i < r; i += blockDim.x) sum[0] += static_cast<double>(rs[i]);
-      detail::block_sum<double, 1>(sum);
+      __shared__ detail::BlockSumRoom<double, 1> room;
+      detail::block_sum(sum, room);
       if (threadIdx.x == 0) out[c] = sum[0];
     }
   }
@@ -853,7 +866,8 @@ struct Math {
         const float u = update(o);
         acc[0] += u * u;
       }
-      detail::block_sum<float, 1>(acc);
+      __shared__ detail::BlockSumRoom<float, 1> room;
+      detail::block_sum(acc, room);
       if (threadIdx.x == 0) t.chunk_sum[it.block] = static_cast<double>(acc[0]);
     } else {
       store_range(t, st, e0, e1, [&](index_t o) { return s.lr * update(o); });
