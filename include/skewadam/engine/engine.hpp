@@ -380,22 +380,27 @@ class Engine {
   };
 
   /// The backend's pieces of tensor t: each cut matrix's slice alone, or
-  /// every matrix this process owns whole as one piece.
+  /// every matrix this process owns whole as one piece; with their slots
+  /// (the only place slots are assigned: one per matrix in clip_sums() and
+  /// divisors(), c + 1 per cut matrix in cut_sums(), tensor by tensor).
   std::vector<backend::PieceSpec> piece_specs(const Tensor& t) const {
     std::vector<backend::PieceSpec> out;
     if (t.pieces.empty()) return out;
     const MatrixGeometry& g = t.split.geom;
     const bool f = t.split.factored;
-    auto spec = [&](MatrixGeometry geom, index_t first, bool cut) {
-      return backend::PieceSpec{geom, first, f, cut, g.rows, Placement::host_divisors};
+    auto spec = [&](MatrixGeometry geom, index_t first, bool cut, index_t clip_at, index_t cut_at) {
+      return backend::PieceSpec{geom, first, f, cut, g.rows, Placement::host_divisors, clip_at, cut ? cut_at : -1};
     };
     if (t.split.cuts_matrices()) {
-      for (const Piece& p : t.pieces)
+      for (std::size_t q = 0; q < t.pieces.size(); ++q) {
+        const Piece& p = t.pieces[q];
+        const auto k = static_cast<index_t>(q);
         out.push_back(spec(f ? MatrixGeometry{1, p.size(), g.cols} : MatrixGeometry{1, 1, p.size()},
-                           t.split.first_element(p), f));
+                           t.split.first_element(p), f, t.clip_at + k, t.cut_at + k * (g.cols + 1)));
+      }
     } else {
       out.push_back(spec(MatrixGeometry{static_cast<index_t>(t.pieces.size()), g.rows, g.cols},
-                         t.split.first_element(t.pieces.front()), false));
+                         t.split.first_element(t.pieces.front()), false, t.clip_at, -1));
     }
     return out;
   }

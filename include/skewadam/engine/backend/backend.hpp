@@ -92,6 +92,12 @@ struct PieceSpec {
   /// Its clip divisors come from the placement (divisors()), not from its
   /// own sums (the clip's scope spans processes).
   bool host_divisors = false;
+  /// Its slots, which the engine assigns: where its matrices' sums of u^2
+  /// and clip divisors start among every piece's (clip_sums(), divisors()),
+  /// and, when cut, where its c + 1 values start among the cut pieces'
+  /// (cut_sums(); -1 otherwise).
+  index_t clip_at = 0;
+  index_t cut_at = -1;
 };
 
 /// Where a piece's state arrays are, in the backend's memory (the engine's

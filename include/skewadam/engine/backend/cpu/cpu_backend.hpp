@@ -191,8 +191,8 @@ class CpuBackend {
       }
       p.matrices.assign(B, MatrixScratch{});
       p.scan.assign(B * static_cast<std::size_t>(Cutting::chunks_per_matrix(spec.geom)), -1.0);
-      p.clip_at = static_cast<index_t>(clip_sums_.size() + e.matrices());
-      p.cut_at = spec.cut ? static_cast<index_t>(cut_sums_.size() + e.cut_values()) : -1;
+      p.clip_at = spec.clip_at;
+      p.cut_at = spec.cut_at;
       e.pieces.push_back(std::move(p));
     }
     point(e, state);

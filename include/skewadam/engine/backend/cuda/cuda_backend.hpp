@@ -697,17 +697,12 @@ class CudaBackend {
     t.sums = array<double>(matrices);
     t.divisors = array<float>(matrices);
     t.cut = array<double>(cut);
-    std::size_t at_sum = 0, at_cut = 0;
     for (Tensor& e : tensors_)
       for (PieceWork& p : e.pieces) {
         DeviceTask& d = t.tasks[static_cast<std::size_t>(p.at)];
-        d.matrix_sum = t.sums.data() + at_sum;
-        d.divisor = t.divisors.data() + at_sum;
-        at_sum += static_cast<std::size_t>(p.spec.geom.batch);
-        if (p.spec.cut) {
-          d.shard_sums = t.cut.data() + at_cut;
-          at_cut += static_cast<std::size_t>(p.spec.geom.cols + 1);
-        }
+        d.matrix_sum = t.sums.data() + p.spec.clip_at;
+        d.divisor = t.divisors.data() + p.spec.clip_at;
+        if (p.spec.cut) d.shard_sums = t.cut.data() + p.spec.cut_at;
         d.grad = nullptr;
       }
     mem_.upload(t.d_tasks, t.tasks, stream_);
