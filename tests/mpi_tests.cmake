@@ -74,7 +74,7 @@ foreach(_set IN LISTS SKEWADAM_GOLDEN_SETS)
     # its kernels emulated on the host: at 2 and 3 ranks (rows cut between
     # ranks; whole experts).
     foreach(_ranks 2 3)
-      if(SKEWADAM_FULL_TESTS OR _ranks EQUAL 3)
+      if(SKEWADAM_REPLAY_CUDA_EMULATED AND (SKEWADAM_FULL_TESTS OR _ranks EQUAL 3))
         skewadam_add_mpi_test(${_set}-mpi/${_name}/ranks-${_ranks}/cuda-emulated ${_ranks}
                               $<TARGET_FILE:skewadam-replay> ${_case} --shard --backend cuda-emulated)
         if(NOT (_fast_case AND _ranks EQUAL 3))
@@ -106,6 +106,9 @@ foreach(_name IN LISTS _expert_rows)
     skewadam_full_only(golden-mpi/${_name}/ranks-3/expert-rows)
   endif()
 endforeach()
+if(NOT SKEWADAM_REPLAY_CUDA_EMULATED)
+  set(_expert_rows_emulated "")
+endif()
 foreach(_name IN LISTS _expert_rows_emulated)
   skewadam_add_mpi_test(golden-mpi/${_name}/ranks-3/expert-rows/cuda-emulated 3
                         $<TARGET_FILE:skewadam-replay> ${_golden}/${_name} --shard --expert-rows
@@ -132,10 +135,12 @@ foreach(_name IN LISTS _checkpointed)
   set_tests_properties(checkpoint-mpi/${_name}/resume-3-ranks PROPERTIES FIXTURES_REQUIRED ckpt-mpi-${_name}
                        PASS_REGULAR_EXPRESSION "steps 13\\.\\.30, loaded .*PASS")
   # the CUDA backend's sharded engine resumes the CPU's sharded checkpoint
-  skewadam_add_mpi_test(checkpoint-mpi/${_name}/resume-3-ranks/cuda-emulated 3
-                        $<TARGET_FILE:skewadam-replay> ${_case} --shard --backend cuda-emulated --load ${_file})
-  set_tests_properties(checkpoint-mpi/${_name}/resume-3-ranks/cuda-emulated PROPERTIES
-                       FIXTURES_REQUIRED ckpt-mpi-${_name} PASS_REGULAR_EXPRESSION "steps 13\\.\\.30, loaded .*PASS")
+  if(SKEWADAM_REPLAY_CUDA_EMULATED)
+    skewadam_add_mpi_test(checkpoint-mpi/${_name}/resume-3-ranks/cuda-emulated 3
+                          $<TARGET_FILE:skewadam-replay> ${_case} --shard --backend cuda-emulated --load ${_file})
+    set_tests_properties(checkpoint-mpi/${_name}/resume-3-ranks/cuda-emulated PROPERTIES
+                         FIXTURES_REQUIRED ckpt-mpi-${_name} PASS_REGULAR_EXPRESSION "steps 13\\.\\.30, loaded .*PASS")
+  endif()
   if(NOT _name MATCHES "bank")
     add_test(NAME checkpoint-mpi/${_name}/resume-1-process
              COMMAND skewadam-replay ${_case} --load ${_file})

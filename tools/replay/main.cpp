@@ -59,9 +59,14 @@ int main(int argc, char** argv) {
   app.add_option("case", o.case_dir, "case folder (case.json, param0.npy, grads.npy, ...)")->required();
   app.add_option("--out", o.out_dir, "write the computed params.npy and state files here, golden layout");
   app.add_option("--threads", o.threads, "CPU threads (0: hardware)")->check(CLI::NonNegativeNumber);
+#if defined(SKEWADAM_REPLAY_WITH_CUDA_EMULATED)
   app.add_option("--backend", o.backend,
                  "cpu; cuda: run the case on the GPU; cuda-emulated: the CUDA backend's kernels on the host")
       ->check(CLI::IsMember({"cpu", "cuda", "cuda-emulated"}));
+#else  // (a build without the emulated backend, SKEWADAM_REPLAY_CUDA_EMULATED=OFF, does not offer it)
+  app.add_option("--backend", o.backend, "cpu; cuda: run the case on the GPU")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+#endif
   auto* stop = app.add_option("--stop-after", o.stop_after, "run steps 1..K only");
   auto* save = app.add_option("--save", o.save, "after the last step run, save the parameter and optimizer state");
   auto* load = app.add_option("--load", o.load, "start from a checkpoint saved by --save for this case");
