@@ -57,7 +57,7 @@ template <class Memory>
 class StateStore {
   template <class T>
   using Array = typename Memory::template array<T>;
-  /// A tensor's arrays, indexed as ParamState's (state_arrays).
+  /// A tensor's arrays, in ParamState's order: m, v, v_row, v_col.
   using Arrays = std::array<Array<float>, 4>;
   static constexpr std::array<std::vector<float> ParamState::*, 4> members{&ParamState::m, &ParamState::v,
                                                                           &ParamState::v_row, &ParamState::v_col};
