@@ -65,8 +65,8 @@ endfunction()
 # CUDA backend, MPI rank counts) run every case in the full tier and, in the
 # fast one, the project's cases that cover each rule, dtype, momentum storage
 # and shape kind once, listed here per entry.
-set(SKEWADAM_FAST_RESUME_CASES backbone_2d momentum_int8_bank3d bf16_experts_bank router_2d)
-set(SKEWADAM_FAST_MPI_CASES backbone_2d bank3d_tensor_clip momentum_int8_bank3d)
+set(SKEWADAM_FAST_RESUME_CASES backbone_2d momentum_float8_bank3d bf16_experts_bank router_2d)
+set(SKEWADAM_FAST_MPI_CASES backbone_2d bank3d_tensor_clip momentum_float8_bank3d)
 # skewadam_in_tier(SET CASE_NAME LIST OUT): OUT is true when the full tier
 # runs, or the case is one of the project's and in LIST.
 function(skewadam_in_tier set name list out)

@@ -35,7 +35,7 @@ endfunction()
 # The cases also run at 1 and 4 ranks: a backbone matrix cut by rows, an
 # expert bank, a router, rank-1 and rank-4 tensors and momentum stored in blocks (the
 # contract suite runs every path at one rank over the self communicator).
-set(_every_rank_count backbone_2d bank3d_tensor_clip router_2d bias_1d_fallback momentum_int8_bank3d
+set(_every_rank_count backbone_2d bank3d_tensor_clip router_2d bias_1d_fallback momentum_float8_bank3d
     momentum_bf16_2d rank4_factored)
 # The fast tier runs its representative cases (SKEWADAM_FAST_MPI_CASES) at
 # 3 ranks alone, on the CPU and the emulated CUDA backend.

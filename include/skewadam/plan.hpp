@@ -11,7 +11,8 @@
 //
 //   skewadam          momentum+factored / factored        / exact     (the paper)
 //   skewadam_bf16     bf16 momentum+factored / factored   / exact     (Bf16Momentum)
-//   skewadam_8bit     8-bit momentum+factored / factored  / exact     (Int8BlockMomentum)
+//   skewadam_8bit     8-bit momentum+factored / factored  / exact     (Float8BlockMomentum;
+//                     Int8BlockMomentum takes the same bytes)
 //   expert_momentum   momentum+factored / momentum+factored / exact   (ablation)
 //   factored_router   momentum+factored / factored        / factored  (ablation)
 //   uniform           momentum+factored everywhere                    (ablation)

@@ -15,7 +15,8 @@ import numpy as np
 
 from . import philox, rounding
 from .cases import FORMAT, write_case
-from .rule import ADAMW, BACKBONE, BACKBONE_8BIT, BACKBONE_BF16, EXACT_MOMENTUM, EXPERTS, ROUTER, Hyper, Rounding, run
+from .rule import (ADAMW, BACKBONE, BACKBONE_8BIT, BACKBONE_BF16, BACKBONE_LINEAR_8BIT, EXACT_MOMENTUM, EXPERTS, ROUTER,
+                   Hyper, Rounding, run)
 
 BASE_SEED = 20260730
 DEFAULT_SEED = 0x5EED5EED  # the library's default rounding seed
@@ -106,6 +107,17 @@ def mixed_scales(rng, spec):
     g = normal(rng, (spec.steps,) + spec.shape)
     scales = 10.0 ** np.linspace(-12, 12, spec.shape[0])
     return p, (g * scales[:, None]).astype(np.float32)
+
+
+def heavy_tails(rng, spec):
+    """Gradients whose magnitudes are spread log-uniformly over 14 decades,
+    one column 1000 times the rest: most of each block of momentum lies many
+    decades below its largest value, some below 2^-41 of the block's scale."""
+    p = normal(rng, spec.shape, 0.5)
+    g = normal(rng, (spec.steps,) + spec.shape)
+    g *= 10.0 ** rng.uniform(-14.0, 0.0, size=g.shape)
+    g[..., 3] *= 1000.0
+    return p, g.astype(np.float32)
 
 
 def zero_grads(rng, spec):
@@ -262,13 +274,28 @@ SPECS = [
          hyper={"lr": 0.01, **WD}, param_name="blocks.0.attn.o.weight"),
     Spec("momentum_int8_bank3d", "Backbone rule with 8-bit momentum, a scale per block of 256 (E7), on a bank "
          "[3, 24, 50]: each matrix of 1200 elements ends inside a block; expert 0 gets 30x spikes (its blocks' "
-         "scales jump), the last sees no gradient on some steps.", (3, 24, 50), BACKBONE_8BIT, bank_spikes,
+         "scales jump), the last sees no gradient on some steps.", (3, 24, 50), BACKBONE_LINEAR_8BIT, bank_spikes,
          hyper={"lr": 0.01, "clip_scope": "matrix", **WD}, param_name="blocks.1.moe.experts.w2"),
     Spec("momentum_int8_bf16_param", "bf16 parameter with bf16 gradients and 8-bit momentum (E7): a "
          "matrix of 33 x 31, mixed-scale rows (blocks of tiny and of large values), a 64-bit seed.", (33, 31),
-         BACKBONE_8BIT, mixed_scales, hyper={"lr": 0.01, **WD}, param_dtype="bf16", grad_dtype="bf16",
+         BACKBONE_LINEAR_8BIT, mixed_scales, hyper={"lr": 0.01, **WD}, param_dtype="bf16", grad_dtype="bf16",
          seed=0x0123456789ABCDEF, param_name="blocks.0.mlp.w3"),
     Spec("momentum_int8_1d", "8-bit momentum (E7) on a rank-1 tensor of 300 elements (the exact fallback): "
+         "a block of 256 and one of 44.", (300,), BACKBONE_LINEAR_8BIT, plain(), hyper={"lr": 0.01, **WD},
+         param_name="blocks.0.norm.weight"),
+    Spec("momentum_float8_bank3d", "Backbone rule with float8 momentum, a power-of-two scale per block of 256 "
+         "(E7), on a bank [3, 24, 50]: each matrix of 1200 elements ends inside a block; expert 0 gets 30x "
+         "spikes, the last sees no gradient on some steps.", (3, 24, 50), BACKBONE_8BIT, bank_spikes,
+         hyper={"lr": 0.01, "clip_scope": "matrix", **WD}, param_name="blocks.1.moe.experts.w2"),
+    Spec("momentum_float8_bf16_param", "bf16 parameter with bf16 gradients and float8 momentum (E7): a "
+         "matrix of 33 x 31, rows from 1e-12 to 1e12 (blocks spanning six decades), a 64-bit seed.", (33, 31),
+         BACKBONE_8BIT, mixed_scales, hyper={"lr": 0.01, **WD}, param_dtype="bf16", grad_dtype="bf16",
+         seed=0x0123456789ABCDEF, param_name="blocks.0.mlp.w3"),
+    Spec("momentum_float8_heavy_tails", "Float8 momentum (E7) on a matrix of 20 x 40 whose gradients spread "
+         "over 14 decades with one outlier column: codes below 2^-30 of the scale (the t = y * 2^32 path) and "
+         "below 2^-41.", (20, 40), BACKBONE_8BIT, heavy_tails, hyper={"lr": 0.01, **WD},
+         param_name="blocks.0.attn.q.weight"),
+    Spec("momentum_float8_1d", "Float8 momentum (E7) on a rank-1 tensor of 300 elements (the exact fallback): "
          "a block of 256 and one of 44.", (300,), BACKBONE_8BIT, plain(), hyper={"lr": 0.01, **WD},
          param_name="blocks.0.norm.weight"),
     # 16-bit parameters.

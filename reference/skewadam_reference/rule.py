@@ -24,7 +24,7 @@ class Rule:
     momentum: bool
     second_moment: str  # "factored", "exact" or "adam"
     clip: bool = True
-    momentum_storage: str = "f32"  # or "bf16", "int8_blocks" (docs/spec.md §5, E7)
+    momentum_storage: str = "f32"  # or "bf16", "float8_blocks", "int8_blocks" (docs/spec.md §5, E7)
 
 
 # The library's named rules (docs/spec.md §1.1).
@@ -34,8 +34,9 @@ ROUTER = Rule(False, "exact")
 EXACT_MOMENTUM = Rule(True, "exact")
 ADAMW = Rule(True, "adam", clip=False)
 BACKBONE_BF16 = Rule(True, "factored", momentum_storage="bf16")
-BACKBONE_8BIT = Rule(True, "factored", momentum_storage="int8_blocks")
-MOMENTUM_STORAGES = ("f32", "bf16", "int8_blocks")
+BACKBONE_8BIT = Rule(True, "factored", momentum_storage="float8_blocks")
+BACKBONE_LINEAR_8BIT = Rule(True, "factored", momentum_storage="int8_blocks")
+MOMENTUM_STORAGES = ("f32", "bf16", "float8_blocks", "int8_blocks")
 
 
 @dataclass
@@ -194,6 +195,8 @@ def step(rule, h, state, param, grad, dtype="f32", store=Rounding()):
 # Extension E7: the momentum's random bits use the seed XOR this constant
 # ("momentum" in ASCII), so that they are independent of the parameter's.
 MOMENTUM_SEED_XOR = 0x6D6F6D656E74756D
+# The float8 map's second 16 bits per element: the seed XOR this ("mlowbits").
+MOMENTUM_SECOND_SEED_XOR = 0x6D6C6F7762697473
 MOMENTUM_BLOCK = 256
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -213,21 +216,135 @@ def stored_momentum(storage, s, m, g, store, t):
     if storage == "bf16":
         out = rounding.to_f32(rounding.stochastic_bf16(flat.reshape(-1), bits.reshape(-1)), "bf16")
         return out.reshape(m.shape).astype(np.float64)
+    if storage == "float8_blocks":
+        low = philox.rounding_bits(store.seed ^ MOMENTUM_SECOND_SEED_XOR, store.stream, t, flat.size).reshape(b, size)
+        r = (bits.astype(np.uint32) << np.uint32(16)) | low.astype(np.uint32)
+        out = np.empty_like(flat)
+        for k in range(b):
+            for start in range(0, size, MOMENTUM_BLOCK):
+                x = flat[k, start:start + MOMENTUM_BLOCK]
+                scale, codes = float8_encode_block(x, r[k, start:start + MOMENTUM_BLOCK])
+                out[k, start:start + MOMENTUM_BLOCK] = float8_decode(codes, scale)
+        return out.reshape(m.shape).astype(np.float64)
     if storage != "int8_blocks":
         raise ValueError(f"unknown momentum storage {storage!r}")
     out = np.empty_like(flat)
-    u = bits.astype(f) * f(2.0 ** -16)
     for k in range(b):
         for start in range(0, size, MOMENTUM_BLOCK):
             x = flat[k, start:start + MOMENTUM_BLOCK]
-            amax = f(np.max(np.abs(x)))
-            scale = f(amax / f(127))
-            with np.errstate(over="ignore", divide="ignore"):
-                inv = f(min(float(f(f(127) / amax)), FLT_MAX)) if amax > 0 else f(0)
-            q = np.floor((x * inv) + u[k, start:start + MOMENTUM_BLOCK])  # the product, then the sum, in fp32
-            q = np.clip(q, f(-127), f(127))
-            out[k, start:start + MOMENTUM_BLOCK] = q * scale
+            scale, codes = int8_encode_block(x, bits[k, start:start + MOMENTUM_BLOCK])
+            out[k, start:start + MOMENTUM_BLOCK] = int8_decode(codes, scale)
     return out.reshape(m.shape).astype(np.float64)
+
+
+def finite_amax(x):
+    """The largest |x| over the finite elements (0 if none), fp32."""
+    a = np.abs(np.asarray(x, dtype=np.float32))
+    a = a[np.isfinite(a)]
+    return np.float32(a.max()) if a.size else np.float32(0)
+
+
+def int8_encode_block(x, bits):
+    """Linear 8-bit codes of one block (E7): the scale a / 127 and the codes
+    as int8 values, -128 for NaN."""
+    f = np.float32
+    x = np.asarray(x, dtype=f)
+    amax = finite_amax(x)
+    scale = f(amax / f(127))
+    with np.errstate(over="ignore", divide="ignore"):
+        inv = f(min(float(f(f(127) / amax)), FLT_MAX)) if amax > 0 else f(0)
+    u = (np.asarray(bits, dtype=np.uint32) & np.uint32(0xFFFF)).astype(f) * f(2.0 ** -16)
+    with np.errstate(invalid="ignore"):
+        y = x * inv  # rounded on its own
+        y = np.where(np.isnan(y), x, y)  # an infinity in a block whose finite values are all 0
+        q = np.clip(np.floor(y + u), f(-127), f(127))  # the sum in fp32
+    q = np.where(np.isnan(x), f(-128), q)
+    return scale, q.astype(np.int8)
+
+
+def int8_decode(codes, scale):
+    codes = np.asarray(codes, dtype=np.int8)
+    with np.errstate(invalid="ignore", over="ignore"):
+        v = codes.astype(np.float32) * np.float32(scale)
+    return np.where(codes == -128, np.float32(np.nan), v).astype(np.float32)
+
+
+FLOAT8_TOP = 1.5
+FLOAT8_MIN_EXPONENT = -94
+FLOAT8_MAX_EXPONENT = 126
+
+
+def float8_exponent(amax):
+    """The block's exponent k: the least with amax <= 1.5 * 2^k, within [-94, 126]."""
+    amax = np.float32(amax)
+    if not amax >= np.float32(2.0 ** -94):
+        return FLOAT8_MIN_EXPONENT
+    b = int(np.array(amax, dtype=np.float32).view(np.uint32))
+    k = (b >> 23) - 127
+    if (b & 0x7FFFFF) > 0x400000:
+        k += 1
+    return min(k, FLOAT8_MAX_EXPONENT)
+
+
+def float8_encode_block(x, r):
+    """Float8 codes of one block (E7): the scale 2^k and the stored bytes
+    (uint8), with the elements' 32 random bits r."""
+    f = np.float32
+    x = np.asarray(x, dtype=f)
+    r = np.asarray(r, dtype=np.uint32)
+    k = float8_exponent(finite_amax(x))
+    scale = f(2.0 ** k)
+    inv = f(2.0 ** -k)
+    codes = np.zeros(x.shape, dtype=np.uint8)
+    for j in range(x.size):
+        codes[j] = float8_code(x[j], inv, int(r[j]))
+    return scale, codes
+
+
+def float8_code(x, inv, r):
+    """The stored byte of one element x with scale factor inv = 2^-k and its
+    32 random bits r (docs/spec.md E7). Integer and fp32 operations only."""
+    f = np.float32
+    x = f(x)
+    if np.isnan(x):
+        return 0x80
+    sign = 0x80 if np.signbit(x) else 0
+    with np.errstate(under="ignore", over="ignore"):
+        y = f(abs(x) * inv)  # one fp32 product
+    if not y <= f(FLOAT8_TOP):
+        c = 127
+    elif y >= f(2.0 ** -30):
+        yb = int(np.array(y, dtype=f).view(np.uint32))
+        c = (yb - (96 << 23) + (r >> 11)) >> 21
+    else:
+        t = f(y * f(2.0 ** 32))  # exact
+        lo = math.floor(float(t))
+        frac = f(t - f(lo))  # exact
+        threshold = math.ceil(float(frac) * 2.0 ** 32)  # frac * 2^32 is exact in fp32
+        c = lo + (1 if r + threshold >= 2 ** 32 else 0)  # r plus the fraction carries
+    return 0 if c == 0 else (sign | c)
+
+
+def float8_unit(c):
+    """The value of magnitude code c (0 ... 127) at scale 1."""
+    if c >= 127:
+        return np.float32(np.inf)
+    if c >= 4:
+        return np.array((c << 21) + (96 << 23), dtype=np.uint32).view(np.float32)[()]
+    return np.float32(c * 2.0 ** -32)
+
+
+def float8_decode(codes, scale):
+    out = np.empty(len(codes), dtype=np.float32)
+    for j, c in enumerate(np.asarray(codes, dtype=np.uint8)):
+        c = int(c)
+        if c == 0x80:
+            out[j] = np.float32(np.nan)
+            continue
+        with np.errstate(over="ignore"):
+            v = np.float32(float8_unit(c & 0x7F) * np.float32(scale))
+        out[j] = -v if c & 0x80 else v
+    return out
 
 
 def store_param(x, dtype, store, t):

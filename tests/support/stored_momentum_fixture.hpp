@@ -184,11 +184,14 @@ inline void check_same(const Result& a, const Result& b, bool params = true) {
   }
 }
 
-/// The stored momentum of P, decoded: each element's value and the step of
-/// its block (int8: the scale; bf16: 0).
+/// The stored momentum of P, decoded: each element's value and the largest
+/// error one rounding can leave there (int8: the block's scale; float8: the
+/// spacing of the codes next to the value; bf16: 0, the test's own); and
+/// each element's stored byte (8-bit maps).
 template <class P>
 struct Decoded {
   std::vector<float> value, step;
+  std::vector<std::uint8_t> code;
 };
 template <class P>
 Decoded<P> decode(const std::vector<float>& words, const Shape& shape) {
@@ -206,9 +209,15 @@ Decoded<P> decode(const std::vector<float>& words, const Shape& shape) {
         d.value.push_back(to_float(from_bits<bf16>(h)));
         d.step.push_back(0.0f);
       } else {
-        const auto q = static_cast<float>(reinterpret_cast<const std::int8_t*>(blk + 1)[r]);
-        d.value.push_back(P::value(q, blk[0]));
-        d.step.push_back(blk[0]);
+        const std::uint8_t q = reinterpret_cast<const std::uint8_t*>(blk + 1)[r];
+        d.value.push_back(P::decode(q, blk[0]));
+        d.code.push_back(q);
+        if constexpr (P::storage == MomentumStorage::float8_blocks) {
+          const std::uint32_t c = std::min<std::uint32_t>(q & 0x7fu, 125u);
+          d.step.push_back((P::unit(c + 1) - P::unit(c)) * blk[0]);
+        } else {
+          d.step.push_back(blk[0]);
+        }
       }
     }
   return d;

@@ -121,8 +121,9 @@ TEST_CASE("a saved rule name of an earlier rounding stream names the same rule, 
 }
 
 TEST_CASE("a checkpoint naming the earlier rounding policy loads, and resumes bit for bit") {
-  // A checkpoint as earlier versions wrote it: the same records, with the
-  // rounding policy named StochasticRounding in every tier's rule.
+  // A checkpoint as earlier versions wrote it: format version 1, the same
+  // records, with the rounding policy named StochasticRounding in every
+  // tier's rule.
   fuzz::Fixture trained;
   trained.train(2);
   const std::vector<std::byte> now = checkpoint_bytes(trained.opt, SaveOptions{.include_params = true});
@@ -132,7 +133,7 @@ TEST_CASE("a checkpoint naming the earlier rounding policy loads, and resumes bi
   const std::uint64_t len = get_le(b + header_size + 8, 8);
   const unsigned char* payload = b + header_size + record_header_size;
   CheckpointInfo c;
-  const std::uint64_t nparams = decode_optimizer(std::vector<unsigned char>(payload, payload + len), "test", c);
+  const std::uint64_t nparams = decode_optimizer(std::vector<unsigned char>(payload, payload + len), "test", format_version, c);
   for (auto& t : c.tiers) {
     const auto at = t.rule.rfind("StochasticRounding16>");
     REQUIRE(at != std::string::npos);
@@ -140,6 +141,7 @@ TEST_CASE("a checkpoint naming the earlier rounding policy loads, and resumes bi
   }
   const std::vector<unsigned char> renamed = encode_optimizer(c, nparams);
   std::vector<unsigned char> out(b, b + header_size);
+  put_le(out.data() + 12, 1, 4);
   put_le(out.data() + 16, now.size() - len + renamed.size(), 8);
   put_le(out.data() + 28, detail::crc32c(out.data(), 28), 4);
   unsigned char rh[record_header_size];
@@ -155,6 +157,7 @@ TEST_CASE("a checkpoint naming the earlier rounding policy loads, and resumes bi
   out.insert(out.end(), rest, b + now.size());
   const auto* bytes = reinterpret_cast<const std::byte*>(out.data());
   const std::span<const std::byte> legacy(bytes, out.size());
+  REQUIRE(read_checkpoint_info(legacy).format_version == 1);
   REQUIRE(read_checkpoint_info(legacy).tiers[1].rule ==
           "UpdateRule<NoMomentum, FactoredSecondMoment, RmsUpdateClip, StochasticRounding>");
 
@@ -275,7 +278,7 @@ TEST_CASE("checkpoint info lists what the file holds") {
   TempDir dir;
   save_checkpoint(t.opt, dir / "a.ckpt", SaveOptions{.metadata = {{"run", "moe-1"}, {"note", ""}}});
   const CheckpointInfo info = read_checkpoint_info(dir / "a.ckpt");
-  CHECK(info.format_version == 1);
+  CHECK(info.format_version == 2);
   CHECK(info.steps == 3);
   CHECK(info.seed == 77);
   CHECK_FALSE(info.has_param_values);
@@ -430,10 +433,10 @@ TEST_CASE("every corruption class is rejected and changes nothing") {
   }
   SUBCASE("another format version") {
     std::vector<std::byte> bad = good;
-    bad[12] = std::byte{2};
+    bad[12] = std::byte{3};
     const std::uint32_t crc = detail::crc32c(bad.data(), 28);
     for (int k = 0; k < 4; ++k) bad[static_cast<std::size_t>(28 + k)] = static_cast<std::byte>(crc >> (8 * k));
-    expect_rejected(t, before, bad, CheckpointError::Kind::unsupported_version, "format version 2; this build reads version 1");
+    expect_rejected(t, before, bad, CheckpointError::Kind::unsupported_version, "format version 3; this build reads versions 1 to 2");
   }
   SUBCASE("foreign files") {
     auto bytes_of = []<std::size_t N>(const char (&s)[N]) {

@@ -1,5 +1,5 @@
-// Momentum stored in fewer bits (policies/stored_momentum.hpp): Bf16Momentum
-// and Int8BlockMomentum, in the blocks of state_layout.hpp.
+// Momentum stored in fewer bits (policies/stored_momentum.hpp): Bf16Momentum,
+// Float8BlockMomentum and Int8BlockMomentum, in the blocks of state_layout.hpp.
 //   - the same bits for 1, 2 and 3 threads, and on every CPU architecture
 //     (the parameters within rounding), with blocks that span rows, row
 //     blocks cut at block boundaries, banks whose matrices end inside a
@@ -32,6 +32,7 @@
 #include <skewadam/plan.hpp>
 #include <skewadam/skewadam.hpp>
 
+#include "../support/checkpoint_version.hpp"
 #include "cpu_archs.hpp"
 #include "stored_momentum_fixture.hpp"
 #include "thread_ranks.hpp"
@@ -46,7 +47,8 @@ using namespace skewadam::test::stored;
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("stored momentum: the same bits for 1, 2 and 3 threads", P, Bf16Momentum, Int8BlockMomentum) {
+TEST_CASE_TEMPLATE("stored momentum: the same bits for 1, 2 and 3 threads", P, Bf16Momentum, Float8BlockMomentum,
+                   Int8BlockMomentum) {
   auto one = local<AllStored<P>>(1);
   one->steps(0, 3);
   for (int threads : {2, 3}) {
@@ -77,12 +79,13 @@ TEST_CASE_TEMPLATE_DEFINE("stored momentum: every CPU architecture stores the sc
     }
   };
   check.template operator()<Bf16Momentum>();
+  check.template operator()<Float8BlockMomentum>();
   check.template operator()<Int8BlockMomentum>();
 }
 TEST_CASE_TEMPLATE_APPLY(stored_every_arch, skewadam::test::SimdArchs);
 
 TEST_CASE_TEMPLATE("stored momentum: every stored value is one of the two its encoding allows", P, Bf16Momentum,
-                   Int8BlockMomentum) {
+                   Float8BlockMomentum, Int8BlockMomentum) {
   // From the stored values of the step before, m' = beta1 m + (1 - beta1) g
   // with each product rounded alone; then bf16 stores one of the two bf16
   // values next to m', and int8 stores each block's scale max|m'| / 127 and
@@ -109,6 +112,24 @@ TEST_CASE_TEMPLATE("stored momentum: every stored value is one of the two its en
           const auto [lo, hi] = bf16_neighbours(mp[i]);
           allowed = allowed && (now.value[i] == lo || now.value[i] == hi);
         }
+      } else if constexpr (P::storage == MomentumStorage::float8_blocks) {
+        // the block's scale 2^k from its largest |m'|, and each byte the
+        // code below |m'| 2^-k (random bits 0) or the one above it
+        const auto mat = static_cast<std::size_t>(g.matrix_size());
+        for (std::size_t b0 = 0; b0 < n; b0 += mat)
+          for (std::size_t s0 = 0; s0 < mat; s0 += momentum_block) {
+            const std::size_t e0 = b0 + s0, e1 = b0 + std::min(mat, s0 + momentum_block);
+            float amax = 0.0f;
+            for (std::size_t i = e0; i < e1; ++i) amax = std::max(amax, std::fabs(mp[i]));
+            const float inv = P::inverse(amax);
+            for (std::size_t i = e0; i < e1; ++i) {
+              const std::uint32_t down = P::code_one(mp[i], inv, 0u);
+              const std::uint32_t c = now.code[i];
+              const bool up = (c & 0x7fu) == (down & 0x7fu) + 1u && (c & 0x80u) == ((mp[i] < 0.0f ? 0x80u : 0u));
+              allowed = allowed && (c == down || up) && (c & 0x7fu) < 127u;
+              allowed = allowed && now.value[i] == P::decode(c, P::scale(amax));
+            }
+          }
       } else {
         const auto mat = static_cast<std::size_t>(g.matrix_size());
         for (std::size_t b0 = 0; b0 < n; b0 += mat)
@@ -132,10 +153,11 @@ TEST_CASE_TEMPLATE("stored momentum: every stored value is one of the two its en
 }
 
 TEST_CASE_TEMPLATE("stored momentum: within the stated bound of the fp32 recursion, and unbiased", P, Bf16Momentum,
-                   Int8BlockMomentum) {
+                   Float8BlockMomentum, Int8BlockMomentum) {
   // m32 is what fp32 momentum holds on the same gradients. Each step's
   // rounding moves an element by less than its step (int8: the block's
-  // scale s_t; bf16: one bf16 spacing, at most 2^-7 |m'|); after T steps the
+  // scale s_t; float8: the spacing of the codes around it; bf16: one bf16
+  // spacing, at most 2^-7 |m'|); after T steps the
   // error is at most the sum of beta1^(T - t) times those, plus fp32 rounding.
   auto run = local<AllStored<P>>(2);
   const float beta1 = static_cast<float>(hyper().beta1);
@@ -205,7 +227,10 @@ TEST_CASE("stored momentum: state bytes are the layout's, and the planner's") {
   }
   CHECK(run8->opt->state_bytes(Tier::backbone) == b8);
   CHECK(run16->opt->state_bytes(Tier::backbone) == b16);
-  CHECK(SkewAdam8bitTiers::layout(Tier::backbone).storage == MomentumStorage::int8_blocks);
+  CHECK(SkewAdam8bitTiers::layout(Tier::backbone).storage == MomentumStorage::float8_blocks);
+  CHECK(SkewAdamLinear8bitTiers::layout(Tier::backbone).storage == MomentumStorage::int8_blocks);
+  CHECK(momentum_bytes(SkewAdamLinear8bitTiers::layout(Tier::backbone), Shape{4096, 4096}) ==
+        momentum_bytes(SkewAdam8bitTiers::layout(Tier::backbone), Shape{4096, 4096}));
   CHECK(SkewAdamBf16Tiers::layout(Tier::backbone).storage == MomentumStorage::bfloat16);
   const StateLayout l8 = SkewAdam8bitTiers::layout(Tier::backbone);
   const StateLayout l16 = SkewAdamBf16Tiers::layout(Tier::backbone);
@@ -235,7 +260,7 @@ TEST_CASE("stored momentum: state bytes are the layout's, and the planner's") {
 }
 
 TEST_CASE_TEMPLATE("stored momentum: a checkpoint resumes bit-exactly and names the rule", P, Bf16Momentum,
-                   Int8BlockMomentum) {
+                   Float8BlockMomentum, Int8BlockMomentum) {
   using Tiers = AllStored<P>;
   auto whole = local<Tiers>(2);
   whole->steps(0, 4);
@@ -257,6 +282,22 @@ TEST_CASE_TEMPLATE("stored momentum: a checkpoint resumes bit-exactly and names 
   resumed->steps(2, 4);
   check_same(whole->result(), resumed->result());
 
+  // The same records as format version 1: the momentum codes 2 and 3 (linear
+  // int8, bf16) read as they did; code 4 (float8) is version 2's, corrupt in
+  // a version 1 file.
+  const std::vector<std::byte> v1 = test::with_format_version(bytes, 1);
+  auto old = local<Tiers>(1);
+  if constexpr (P::storage != MomentumStorage::float8_blocks) {
+    load_checkpoint(*old->opt, std::span<const std::byte>(v1), LoadOptions{.params = ParamValues::require});
+    old->steps(2, 4);
+    check_same(whole->result(), old->result());
+  } else {
+    const Result fresh = old->result();
+    CHECK_THROWS_WITH_AS(load_checkpoint(*old->opt, std::span<const std::byte>(v1)),
+                         doctest::Contains("malformed state layout"), CheckpointError);
+    check_same(fresh, old->result());
+  }
+
   // fp32 momentum reads m differently: refused, nothing changed
   auto other = local<SkewAdamTiers>(1);
   other->steps(0, 1);
@@ -272,7 +313,7 @@ TEST_CASE_TEMPLATE("stored momentum: a checkpoint resumes bit-exactly and names 
 }
 
 TEST_CASE_TEMPLATE("stored momentum: sharded at 1 and 3 ranks keeps one process's momentum bits", P, Bf16Momentum,
-                   Int8BlockMomentum) {
+                   Float8BlockMomentum, Int8BlockMomentum) {
   // Matrices cut between ranks add their column statistics in another order
   // than one process, so the parameters agree to rounding; the momentum is
   // a function of the gradients alone and keeps one process's bits, and so
@@ -328,7 +369,7 @@ TEST_CASE_TEMPLATE("stored momentum: sharded at 1 and 3 ranks keeps one process'
 }
 
 TEST_CASE_TEMPLATE("stored momentum: decode_momentum reads the words as this test's own decoder does", P,
-                   Bf16Momentum, Int8BlockMomentum) {
+                   Bf16Momentum, Float8BlockMomentum, Int8BlockMomentum) {
   auto run = local<AllStored<P>>(1);
   run->steps(0, 2);
   const Result r = run->result();

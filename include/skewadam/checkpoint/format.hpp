@@ -105,7 +105,11 @@ struct CheckpointInfo {
 namespace detail::ckpt {
 
 inline constexpr std::array<unsigned char, 12> magic{0x89, 'S', 'K', 'E', 'W', 'A', 'D', 'A', 'M', '\r', '\n', 0x1a};
-inline constexpr std::uint32_t format_version = 1;
+/// The version this build writes, and the oldest it reads. Version 2 added
+/// the momentum code 4 (Float8BlockMomentum); version 1 files hold codes 0
+/// to 3 and read as they always did.
+inline constexpr std::uint32_t format_version = 2;
+inline constexpr std::uint32_t oldest_format_version = 1;
 inline constexpr std::uint64_t header_size = 32;
 inline constexpr std::uint64_t record_header_size = 16;
 inline constexpr std::uint64_t record_trailer_size = 4;
@@ -283,12 +287,14 @@ inline bool same_arrays(const std::vector<CheckpointInfo::Array>& file, const st
   return true;
 }
 
-/// A tier's momentum as the OPTM record stores it: 0 none, 1 fp32, 2 int8
-/// codes with a scale per block, 3 bf16.
+/// A tier's momentum as the OPTM record stores it: 0 none, 1 fp32, 2 linear
+/// int8 codes with a scale per block, 3 bf16, 4 float8 codes with a scale
+/// per block (format version 2 on).
 inline std::uint8_t momentum_code(StateLayout layout) noexcept {
   if (!layout.momentum) return 0;
   switch (layout.storage) {
     case MomentumStorage::int8_blocks: return 2;
+    case MomentumStorage::float8_blocks: return 4;
     case MomentumStorage::bfloat16: return 3;
     case MomentumStorage::f32: break;
   }
@@ -324,7 +330,7 @@ inline std::vector<unsigned char> encode_optimizer(const CheckpointInfo& c, std:
 }
 
 inline std::uint64_t decode_optimizer(const std::vector<unsigned char>& payload, const std::string& where,
-                                      CheckpointInfo& c) {
+                                      std::uint32_t version, CheckpointInfo& c) {
   Decoder d(payload, where + ": optimizer record");
   c.steps = d.i64();
   if (c.steps < 0) throw corrupt(where, "negative step count " + std::to_string(c.steps));
@@ -340,10 +346,12 @@ inline std::uint64_t decode_optimizer(const std::vector<unsigned char>& payload,
                                std::string(tier_name(t)) + "'");
     const unsigned mom = d.u8();
     const unsigned fac = d.u8();
-    if (mom > 3 || fac > 1) throw corrupt(where, "tier '" + ti.name + "': malformed state layout");
+    if (mom > (version >= 2 ? 4u : 3u) || fac > 1)
+      throw corrupt(where, "tier '" + ti.name + "': malformed state layout");
     ti.layout = StateLayout{mom >= 1, fac == 1,
                             mom == 2   ? MomentumStorage::int8_blocks
                             : mom == 3 ? MomentumStorage::bfloat16
+                            : mom == 4 ? MomentumStorage::float8_blocks
                                        : MomentumStorage::f32};
     ti.rule = d.str();
     Hyperparameters& h = ti.hyperparameters;

@@ -53,10 +53,11 @@ Header read_header(Source& src) {
   r.version = static_cast<std::uint32_t>(get_le(h + 12, 4));
   r.file_size = get_le(h + 16, 8);
   r.flags = static_cast<std::uint32_t>(get_le(h + 24, 4));
-  if (r.version != format_version)
+  if (r.version < oldest_format_version || r.version > format_version)
     throw CheckpointError(CheckpointError::Kind::unsupported_version,
                           where + ": checkpoint format version " + std::to_string(r.version) +
-                              "; this build reads version " + std::to_string(format_version));
+                              "; this build reads versions " + std::to_string(oldest_format_version) + " to " +
+                              std::to_string(format_version));
   if (r.file_size != src.size()) {
     if (src.size() < r.file_size)
       throw corrupt(where, "truncated: " + std::to_string(src.size()) + " bytes, the header says " +
@@ -153,7 +154,7 @@ void walk(Source& src, CheckpointInfo& info, OnOptimizer&& on_optimizer, OnParam
   info.format_version = h.version;
   info.file_size = h.file_size;
   info.has_param_values = (h.flags & flag_param_values) != 0;
-  const std::uint64_t nparams = decode_optimizer(read_small_record(src, tag_optimizer, "optimizer"), where, info);
+  const std::uint64_t nparams = decode_optimizer(read_small_record(src, tag_optimizer, "optimizer"), where, h.version, info);
   on_optimizer(static_cast<const CheckpointInfo&>(info));
   for (std::uint64_t k = 0; k < nparams; ++k) {
     const std::string what = "parameter #" + std::to_string(k);

@@ -24,6 +24,8 @@ namespace skewadam {
 
 struct Bf16Momentum : StoredMomentum {
   static constexpr MomentumStorage storage = MomentumStorage::bfloat16;
+  /// Random bits each element's rounding reads.
+  static constexpr int random_bits_used = 16;
 
   /// The stored value of m' = x, with its 16 random bits.
   SKEWADAM_HD static bf16 encode(float x, std::uint32_t random_bits) {

@@ -2,7 +2,8 @@
 // decode_momentum: a tensor's first moment as fp32 values, whatever its
 // storage (state_layout.hpp): the words of a momentum stored in bf16 or 8
 // bits decoded as the policies decode them (policies/bf16_momentum.hpp,
-// policies/int8_block_momentum.hpp), fp32 momentum copied. For reading a
+// policies/float8_block_momentum.hpp, policies/int8_block_momentum.hpp),
+// fp32 momentum copied. For reading a
 // checkpoint's or an export's m, comparing runs, and the conformance cases'
 // exp_avg.
 
@@ -15,6 +16,7 @@
 
 #include "../detail/config.hpp"
 #include "../policies/bf16_momentum.hpp"
+#include "../policies/float8_block_momentum.hpp"
 #include "../policies/int8_block_momentum.hpp"
 #include "../state/state_layout.hpp"
 #include "../types/dtype.hpp"
@@ -50,8 +52,9 @@ inline std::vector<float> decode_momentum(MomentumStorage storage, const MatrixG
       } else {
         float scale;
         std::memcpy(&scale, bytes + 4 * word, 4);
-        const auto q = static_cast<std::int8_t>(bytes[4 * (word + 1) + r]);
-        x = Int8BlockMomentum::value(static_cast<float>(q), scale);
+        const std::uint32_t q = bytes[4 * (word + 1) + r];
+        x = storage == MomentumStorage::float8_blocks ? Float8BlockMomentum::decode(q, scale)
+                                                      : Int8BlockMomentum::decode(q, scale);
       }
     }
   return out;

@@ -55,6 +55,10 @@ template <>
 struct policy_name<Int8BlockMomentum> {
   static constexpr std::string_view value = "Int8BlockMomentum256";
 };
+template <>
+struct policy_name<Float8BlockMomentum> {
+  static constexpr std::string_view value = "Float8BlockMomentum256";
+};
 /// Named for its random stream: 16 bits per element, eight elements per
 /// Philox block (random.hpp). Checkpoints of earlier versions name the
 /// policy StochasticRounding (32 bits per element, four per block); see

@@ -5,6 +5,7 @@
 #include "../policies/bf16_momentum.hpp"
 #include "../policies/exact_second_moment.hpp"
 #include "../policies/factored_second_moment.hpp"
+#include "../policies/float8_block_momentum.hpp"
 #include "../policies/full_momentum.hpp"
 #include "../policies/int8_block_momentum.hpp"
 #include "../policies/nearest_rounding.hpp"
@@ -28,8 +29,11 @@ using ExactMomentumRule = UpdateRule<FullMomentum, ExactSecondMoment>; ///< mome
 
 /// The backbone's rule with its momentum in bf16, stochastically rounded.
 using BackboneBf16Rule = BackboneRule::with_momentum<Bf16Momentum>;
-/// The backbone's rule with its momentum in 8 bits, a scale per 256 elements.
-using Backbone8bitRule = BackboneRule::with_momentum<Int8BlockMomentum>;
+/// The backbone's rule with its momentum in 8-bit floating-point codes, a
+/// power-of-two scale per 256 elements.
+using Backbone8bitRule = BackboneRule::with_momentum<Float8BlockMomentum>;
+/// The same with linear 8-bit codes and an fp32 scale per 256 elements.
+using BackboneLinear8bitRule = BackboneRule::with_momentum<Int8BlockMomentum>;
 
 /// AdamW from the same parts: eps added to sqrt(v), no update clipping.
 using AdamWRule = UpdateRule<FullMomentum, AdamSecondMoment, NoUpdateClip>;

@@ -6,7 +6,8 @@
 // state_bytes(), so they cannot disagree.
 //
 //   FullMomentum                     m: 4 * numel
-//   Bf16Momentum, Int8BlockMomentum  m: 32-bit words in blocks of 256
+//   Bf16Momentum, Float8BlockMomentum, Int8BlockMomentum
+//                                    m: 32-bit words in blocks of 256
 //                                    elements of each matrix (below)
 //   FactoredSecondMoment, rank >= 2  R, C: 4 * B * (r + c)   (B matrices r x c)
 //   FactoredSecondMoment, rank 1     falls back to exact: 4 * numel
@@ -20,7 +21,8 @@
 // stored whole, in whole 32-bit words, one block after the other:
 //   bf16         the block's elements as bf16, two to a word (a short block
 //                padded with a zero half word): ceil(n / 2) words
-//   int8_blocks  one word, the block's fp32 scale, then its elements' int8
+//   float8_blocks, int8_blocks
+//                one word, the block's fp32 scale, then its elements' 8-bit
 //                codes, four to a word (a short block padded with zero
 //                bytes): 1 + ceil(n / 4) words
 // and f32 is the same rule with one element per word. So every block starts
@@ -40,8 +42,14 @@ namespace skewadam {
 enum class MomentumStorage : std::uint8_t {
   f32,          ///< one fp32 value per element
   bfloat16,     ///< bf16, stochastically rounded (Bf16Momentum)
-  int8_blocks,  ///< int8 codes and an fp32 scale per block (Int8BlockMomentum)
+  int8_blocks,  ///< linear int8 codes and an fp32 scale per block (Int8BlockMomentum)
+  float8_blocks,  ///< 8-bit floating-point codes and a power-of-two scale per block (Float8BlockMomentum)
 };
+
+/// Whether m is stored as 8-bit codes with a scale per block.
+constexpr bool eight_bit_blocks(MomentumStorage storage) noexcept {
+  return storage == MomentumStorage::int8_blocks || storage == MomentumStorage::float8_blocks;
+}
 
 /// Elements per block of stored momentum: consecutive elements of one
 /// matrix, the last block of a matrix shorter where its size is not a
@@ -52,7 +60,8 @@ inline constexpr index_t momentum_block = 256;
 constexpr index_t momentum_block_words(MomentumStorage storage, index_t n) noexcept {
   switch (storage) {
     case MomentumStorage::bfloat16: return (n + 1) / 2;
-    case MomentumStorage::int8_blocks: return n > 0 ? 1 + (n + 3) / 4 : 0;
+    case MomentumStorage::int8_blocks:
+    case MomentumStorage::float8_blocks: return n > 0 ? 1 + (n + 3) / 4 : 0;
     case MomentumStorage::f32: break;
   }
   return n;
@@ -89,7 +98,8 @@ struct StateLayout {
 namespace layouts {
 inline constexpr StateLayout backbone{true, true};    ///< momentum + factored
 inline constexpr StateLayout backbone_bf16{true, true, MomentumStorage::bfloat16};         ///< bf16 momentum + factored
-inline constexpr StateLayout backbone_8bit{true, true, MomentumStorage::int8_blocks};  ///< 8-bit momentum + factored
+inline constexpr StateLayout backbone_8bit{true, true, MomentumStorage::float8_blocks};  ///< 8-bit momentum + factored
+inline constexpr StateLayout backbone_linear_8bit{true, true, MomentumStorage::int8_blocks};  ///< linear 8-bit codes
 inline constexpr StateLayout experts{false, true};    ///< factored only
 inline constexpr StateLayout router{false, false};    ///< exact only
 inline constexpr StateLayout adamw{true, false};      ///< m and v: two fp32 buffers

@@ -29,9 +29,13 @@ struct TierRules {
 using SkewAdamTiers = TierRules<BackboneRule, ExpertRule, RouterRule>;
 /// SkewAdam with the backbone's momentum in bf16: half its momentum's bytes.
 using SkewAdamBf16Tiers = TierRules<BackboneBf16Rule, ExpertRule, RouterRule>;
-/// SkewAdam with the backbone's momentum in 8 bits (an fp32 scale per block
-/// of 256): about a quarter of its momentum's bytes.
+/// SkewAdam with the backbone's momentum in 8-bit floating-point codes (a
+/// power-of-two scale per block of 256): about a quarter of its momentum's
+/// bytes.
 using SkewAdam8bitTiers = TierRules<Backbone8bitRule, ExpertRule, RouterRule>;
+/// The same with linear 8-bit codes (an fp32 scale per block of 256): the
+/// 8-bit momentum of releases before 0.3.0, whose checkpoints it reads.
+using SkewAdamLinear8bitTiers = TierRules<BackboneLinear8bitRule, ExpertRule, RouterRule>;
 /// Ablation: the experts also keep momentum.
 using ExpertMomentumTiers = TierRules<BackboneRule, UniformRule, RouterRule>;
 /// Ablation: the router's second moment is factored.

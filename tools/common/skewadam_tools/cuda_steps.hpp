@@ -70,6 +70,8 @@ RunResult run_steps_typed(const RunSpec& spec, typename R::stream_type stream) {
       go.template operator()<typename Rule::template with_momentum<Bf16Momentum>>();
     else if (spec.momentum == MomentumStorage::int8_blocks && Rule::momentum::has_state)
       go.template operator()<typename Rule::template with_momentum<Int8BlockMomentum>>();
+    else if (spec.momentum == MomentumStorage::float8_blocks && Rule::momentum::has_state)
+      go.template operator()<typename Rule::template with_momentum<Float8BlockMomentum>>();
     else if (spec.nearest)
       go.template operator()<typename Rule::template with_rounding<NearestRounding>>();
     else

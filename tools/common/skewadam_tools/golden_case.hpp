@@ -257,8 +257,10 @@ inline GoldenCase load_golden_case(const std::filesystem::path& dir) {
     const std::string storage = j.value("momentum_storage", "f32");
     if (storage == "bf16") c.momentum_storage = MomentumStorage::bfloat16;
     else if (storage == "int8_blocks") c.momentum_storage = MomentumStorage::int8_blocks;
+    else if (storage == "float8_blocks") c.momentum_storage = MomentumStorage::float8_blocks;
     else if (storage != "f32")
-      throw CaseError(where + ": unknown momentum_storage \"" + storage + "\" (expected f32, bf16 or int8_blocks)");
+      throw CaseError(where + ": unknown momentum_storage \"" + storage +
+                      "\" (expected f32, bf16, float8_blocks or int8_blocks)");
     if (c.momentum_storage != MomentumStorage::f32 && (!c.momentum || c.rule != CaseRule::tiered))
       throw CaseError(where + ": momentum_storage " + storage +
                       " needs the skewadam rule with momentum (tier.momentum true)");
@@ -413,6 +415,9 @@ decltype(auto) with_case_rule(const GoldenCase& c, F&& f) {
   if (c.momentum && c.momentum_storage == MomentumStorage::int8_blocks)
     return c.factored ? f.template operator()<BackboneRule::with_momentum<Int8BlockMomentum>>()
                       : f.template operator()<ExactMomentumRule::with_momentum<Int8BlockMomentum>>();
+  if (c.momentum && c.momentum_storage == MomentumStorage::float8_blocks)
+    return c.factored ? f.template operator()<BackboneRule::with_momentum<Float8BlockMomentum>>()
+                      : f.template operator()<ExactMomentumRule::with_momentum<Float8BlockMomentum>>();
   if (c.momentum && c.factored) return rounded.template operator()<BackboneRule>();
   if (c.momentum) return rounded.template operator()<ExactMomentumRule>();
   if (c.factored) return rounded.template operator()<ExpertRule>();

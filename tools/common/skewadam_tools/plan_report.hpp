@@ -72,7 +72,8 @@ inline std::string format_share(index_t part, index_t whole) {
 
 inline std::string describe_layout(StateLayout l) {
   const char* momentum = !l.momentum                                   ? ""
-                         : l.storage == MomentumStorage::int8_blocks ? "8-bit momentum + "
+                         : l.storage == MomentumStorage::float8_blocks ? "8-bit momentum + "
+                         : l.storage == MomentumStorage::int8_blocks ? "linear 8-bit momentum + "
                          : l.storage == MomentumStorage::bfloat16        ? "bf16 momentum + "
                                                                      : "fp32 momentum + ";
   return std::string(momentum) + (l.factored ? "factored" : "exact");

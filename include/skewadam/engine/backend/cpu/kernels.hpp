@@ -60,9 +60,9 @@
 // sums and D_j of the block are folded into double arrays (the thread's
 // Scratch::d); a unit's partials are rounded to fp32 once, at its end.
 //
-// Momentum stored in fewer bits (Bf16Momentum, Int8BlockMomentum; the blocks
-// of state_layout.hpp): an int8 block's codes need the largest |m'| of the
-// block, so m is updated a block at a time, just before the first row of the
+// Momentum stored in fewer bits (Bf16Momentum, Float8BlockMomentum,
+// Int8BlockMomentum; the blocks of state_layout.hpp): an 8-bit block's codes
+// need the largest |m'| of the block, so m is updated a block at a time, just before the first row of the
 // block is read (update_momentum_blocks: the block's gradient is then in
 // cache for the statistics), and every later read decodes the stored values.
 // Units never split a block (TensorTask::row_align; element chunks are
@@ -75,6 +75,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "../../../detail/config.hpp"
@@ -107,11 +108,17 @@ struct Kernels {
   /// decoded (momentum_at).
   static constexpr MomentumStorage storage = M::has_state ? momentum_storage_v<M> : MomentumStorage::f32;
   static constexpr bool stored = storage != MomentumStorage::f32;
-  static_assert(storage == MomentumStorage::f32 || storage == MomentumStorage::bfloat16 ||
-                    storage == MomentumStorage::int8_blocks,
+  static_assert(storage == MomentumStorage::f32 || storage == MomentumStorage::bfloat16 || eight_bit_blocks(storage),
                 "skewadam CPU backend: unknown momentum storage");
-  /// Words of a whole int8 block: its scale, then its codes.
-  static constexpr index_t int8_block_words = momentum_block_words(MomentumStorage::int8_blocks, momentum_block);
+  /// Words of a whole 8-bit block: its scale, then its codes.
+  static constexpr index_t code_block_words = momentum_block_words(MomentumStorage::int8_blocks, momentum_block);
+  /// The stored momentum's random streams (stored_momentum.hpp): the second
+  /// is read by the maps that take 32 bits per element.
+  struct MomentumRng {
+    Rng first;
+    Rng second;
+    explicit MomentumRng(const RoundingKey& key) : first(momentum_key(key)), second(momentum_second_key(key)) {}
+  };
 
   /// What the loops read, copied out of the task (see the file comment).
   struct Ctx {
@@ -153,11 +160,13 @@ struct Kernels {
   static SKEWADAM_ALWAYS_INLINE bf16* bf16_of(const Ctx& x, index_t b) {
     return reinterpret_cast<bf16*>(x.m + b * x.mwords);
   }
-  /// Int8BlockMomentum: block k of matrix b, its scale in word 0, its codes after.
-  static SKEWADAM_ALWAYS_INLINE float* int8_block(const Ctx& x, index_t b, index_t k) {
-    return x.m + b * x.mwords + k * int8_block_words;
+  /// 8-bit momentum: block k of matrix b, its scale in word 0, its codes after.
+  static SKEWADAM_ALWAYS_INLINE float* code_block(const Ctx& x, index_t b, index_t k) {
+    return x.m + b * x.mwords + k * code_block_words;
   }
-  static SKEWADAM_ALWAYS_INLINE std::int8_t* codes_of(float* block) { return reinterpret_cast<std::int8_t*>(block + 1); }
+  static SKEWADAM_ALWAYS_INLINE std::uint8_t* codes_of(float* block) {
+    return reinterpret_cast<std::uint8_t*>(block + 1);
+  }
 
   /// The stored momentum at `off`, as fp32 lanes.
   template <class W>
@@ -172,16 +181,17 @@ struct Kernels {
       } else {
         const index_t k = e / momentum_block;
         const index_t r = e - k * momentum_block;
-        float* blk = int8_block(x, b, k);
+        float* blk = code_block(x, b, k);
         if constexpr (std::is_same_v<W, float>) {
-          return M::value(static_cast<float>(codes_of(blk)[r]), blk[0]);
+          return M::decode(codes_of(blk)[r], blk[0]);
         } else {
           constexpr index_t w = width_v<W>;
           alignas(64) float buf[w];
           if (r + w <= momentum_block) {
-            const std::int8_t* q = codes_of(blk) + r;
-            for (index_t l = 0; l < w; ++l) buf[l] = static_cast<float>(q[l]);
-            return M::value(W::load_aligned(buf), W(blk[0]));
+            const std::uint8_t* q = codes_of(blk) + r;
+            const float scale = blk[0];
+            for (index_t l = 0; l < w; ++l) buf[l] = M::decode(q[l], scale);
+            return W::load_aligned(buf);
           }
           for (index_t l = 0; l < w; ++l) buf[l] = momentum_at<float>(x, off + l);  // the lanes span two blocks
           return W::load_aligned(buf);
@@ -200,43 +210,46 @@ struct Kernels {
     return M::numerator(g, m, x.s);
   }
 
-  /// 16 random bits per lane, as uniform values in [0, 1) (StoredMomentum::uniform).
+  /// The random bits of an 8-bit map's rounding, lane by lane: the first
+  /// stream's 16, or for a map that reads 32, those shifted up with the
+  /// second stream's below.
   template <class W>
-  static SKEWADAM_ALWAYS_INLINE W uniform_at(Rng& rng, index_t element) {
-    if constexpr (std::is_same_v<W, float>) {
-      return M::uniform(rng(element));
-    } else {
-      using I = xsimd::batch<std::int32_t, typename W::arch_type>;
-      const I bits = xsimd::bitwise_cast<I>(xsimd::batch<std::uint32_t, typename W::arch_type>::load_unaligned(
-                         rng.at(element, width_v<W>))) &
-                     I(0xffff);
-      return xsimd::to_float(bits) * W(0x1p-16f);
-    }
+  static SKEWADAM_ALWAYS_INLINE vmath::bits_t<W> code_bits_at(MomentumRng& rng, index_t element) {
+    const auto draw = [&](Rng& r) {
+      if constexpr (std::is_same_v<W, float>) return r(element);
+      else return vmath::load_bits<W>(r.at(element, width_v<W>));
+    };
+    if constexpr (M::random_bits_used == 32) return (draw(rng.first) << 16) | draw(rng.second);
+    else return draw(rng.first);
   }
 
-  /// The largest |buf[j]| of j < n.
-  static SKEWADAM_ALWAYS_INLINE float max_abs(const float* buf, index_t n) {
+  /// The largest |buf[j]| of j < n over finite values (0 if none).
+  static SKEWADAM_ALWAYS_INLINE float max_finite_abs(const float* buf, index_t n) {
+    constexpr float inf = std::numeric_limits<float>::infinity();
     float amax = 0.0f;
     index_t j = 0;
     if constexpr (width_v<V> > 1) {
       V acc(0.0f);
-      for (; j + width_v<V> <= n; j += width_v<V>) acc = xsimd::max(acc, xsimd::abs(V::load_aligned(buf + j)));
+      for (; j + width_v<V> <= n; j += width_v<V>) {
+        const V a = xsimd::abs(V::load_aligned(buf + j));
+        acc = xsimd::max(acc, xsimd::select(a < V(inf), a, V(0.0f)));
+      }
       alignas(64) float lanes[width_v<V>];
       acc.store_aligned(lanes);
       for (float a : lanes) amax = a > amax ? a : amax;
     }
     for (; j < n; ++j) {
       const float a = std::fabs(buf[j]);
-      amax = a > amax ? a : amax;
+      amax = a < inf && a > amax ? a : amax;
     }
     return amax;
   }
 
   /// Stored momentum: the update of every block of matrix b that starts in
   /// [lo, hi) (offsets in the matrix), each whole: m' of its elements, then
-  /// its stored values (policies/bf16_momentum.hpp, int8_block_momentum.hpp).
-  /// `rng` is the momentum's stream (momentum_key).
-  static void update_momentum_blocks(const Ctx& x, index_t b, index_t lo, index_t hi, Rng& rng) {
+  /// its stored values (policies/bf16_momentum.hpp, float8_block_momentum.hpp,
+  /// int8_block_momentum.hpp), with the momentum's random streams.
+  static void update_momentum_blocks(const Ctx& x, index_t b, index_t lo, index_t hi, MomentumRng& rng) {
     if constexpr (stored) {
       constexpr index_t n_max = momentum_block;
       const index_t base = b * x.mat;
@@ -252,18 +265,18 @@ struct Kernels {
         if constexpr (storage == MomentumStorage::bfloat16) {
           bf16* q = bf16_of(x, b) + start;
           for_lanes<V>(0, n, [&]<class W>(index_t j) {
-            store_param<StochasticRounding>(q + j, load_as<W>(buf + j), element + j, rng);
+            store_param<StochasticRounding>(q + j, load_as<W>(buf + j), element + j, rng.first);
           });
         } else {
-          const float amax = max_abs(buf, n);
+          const float amax = max_finite_abs(buf, n);
           const float inv = M::inverse(amax);
-          float* blk = int8_block(x, b, k);
-          std::int8_t* q = codes_of(blk);
+          float* blk = code_block(x, b, k);
+          std::uint8_t* q = codes_of(blk);
           for_lanes<V>(0, n, [&]<class W>(index_t j) {
-            const W c = M::code(load_as<W>(buf + j), vmath::splat<W>(inv), uniform_at<W>(rng, element + j));
-            alignas(64) float lanes[width_v<W>];
-            store_f32(lanes, c);
-            for (index_t l = 0; l < width_v<W>; ++l) q[j + l] = static_cast<std::int8_t>(lanes[l]);
+            const auto c = M::code(load_as<W>(buf + j), vmath::splat<W>(inv), code_bits_at<W>(rng, element + j));
+            alignas(64) std::uint32_t lanes[width_v<W>];
+            vmath::store_bits<W>(c, lanes);
+            for (index_t l = 0; l < width_v<W>; ++l) q[j + l] = static_cast<std::uint8_t>(lanes[l]);
           });
           blk[0] = M::scale(amax);
         }
@@ -315,7 +328,7 @@ struct Kernels {
     const StepScalars& s = x.s;
     const index_t base = unit.matrix * t.geom.matrix_size();
     if constexpr (stored) {  // chunks hold whole blocks
-      Rng mrng(momentum_key(t.key));
+      MomentumRng mrng(t.key);
       update_momentum_blocks(x, unit.matrix, unit.begin, unit.end, mrng);
     }
     // u and, without clipping, the update: the same per-element code
@@ -473,7 +486,7 @@ struct Kernels {
   /// of each group runs with the sweep 1 of the next (sweep_pair), and the
   /// block's last group's alone.
   static SKEWADAM_ALWAYS_INLINE void statistics_block(const TensorTask& t, const Ctx& x, index_t b, index_t i,
-                                                      index_t e, float* colsum, float* d, Rng& mrng) {
+                                                      index_t e, float* colsum, float* d, MomentumRng& mrng) {
     constexpr int K = group_rows;
     // stored momentum: the blocks that start in rows [i0, i1), before
     // anything reads those rows' m (a block may run on into later rows)
@@ -546,7 +559,7 @@ struct Kernels {
     std::fill(colsum, colsum + c, 0.0f);
     std::fill(d, d + c, 0.0f);
     std::fill(wide, wide + 2 * c, 0.0);
-    Rng mrng(momentum_key(t.key));
+    MomentumRng mrng(t.key);
     for (index_t i = r0; i < r1; i += sum_block) {
       statistics_block(t, x, b, i, std::min(r1, i + sum_block), colsum, d, mrng);
       fold_columns(colsum, wide, c);

@@ -28,6 +28,18 @@ namespace skewadam::vmath {
 template <class A>
 struct ops<xsimd::batch<float, A>> {
   using B = xsimd::batch<float, A>;
+  using bits = xsimd::batch<std::uint32_t, A>;
+  static constexpr int width = static_cast<int>(B::size);
+  static SKEWADAM_ALWAYS_INLINE bits to_bits(const B& x) { return xsimd::bitwise_cast<bits>(x); }
+  static SKEWADAM_ALWAYS_INLINE B from_bits(const bits& b) { return xsimd::bitwise_cast<B>(b); }
+  static SKEWADAM_ALWAYS_INLINE B select(const xsimd::batch_bool<float, A>& m, const B& a, const B& b) {
+    return xsimd::select(m, a, b);
+  }
+  static SKEWADAM_ALWAYS_INLINE bool any(const xsimd::batch_bool<float, A>& m) { return xsimd::any(m); }
+  static SKEWADAM_ALWAYS_INLINE xsimd::batch_bool<float, A> isnan(const B& x) { return xsimd::isnan(x); }
+  static SKEWADAM_ALWAYS_INLINE void store(const B& x, float* out) { x.store_unaligned(out); }
+  static SKEWADAM_ALWAYS_INLINE void store_bits(const bits& x, std::uint32_t* out) { x.store_unaligned(out); }
+  static SKEWADAM_ALWAYS_INLINE bits load_bits(const std::uint32_t* in) { return bits::load_unaligned(in); }
   static SKEWADAM_ALWAYS_INLINE B sqrt(const B& x) { return backend::cpu::ExactOps<A>::sqrt(x); }
   static SKEWADAM_ALWAYS_INLINE B floor_at(const B& x, const B& f) { return xsimd::select(x < f, f, x); }
   static SKEWADAM_ALWAYS_INLINE B broadcast(float x) { return B(x); }

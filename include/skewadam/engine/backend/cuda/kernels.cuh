@@ -74,10 +74,12 @@
 // element-wise store and the factored apply take aligned groups of 8
 // elements per thread (the factored apply's as two quads).
 //
-// Momentum stored in fewer bits (Bf16Momentum, Int8BlockMomentum; the blocks
-// of state_layout.hpp) is updated by a pass of its own before the
-// statistics (momentum_kernel): a warp per block of 256 elements, 8 per
-// lane, the block's largest |m'| by a shuffle tree; the statistics and the
+// Momentum stored in fewer bits (Bf16Momentum, Float8BlockMomentum,
+// Int8BlockMomentum; the blocks of state_layout.hpp) is updated by a pass of
+// its own before the statistics (momentum_kernel): a warp per block of 256
+// elements, 8 per lane, the block's largest finite |m'| by a shuffle tree
+// (32 random bits per element from two streams for the maps that read
+// them); the statistics and the
 // update then read the stored values, decoded. The gradient is read once
 // more for those tensors (the backbone's, 5 % of an MoE's parameters).
 //
@@ -192,7 +194,7 @@ struct Math {
   /// How m is stored; `stored`: in fewer bits, in blocks (state_layout.hpp).
   static constexpr MomentumStorage storage = M::has_state ? momentum_storage_v<M> : MomentumStorage::f32;
   static constexpr bool stored = storage != MomentumStorage::f32;
-  static constexpr index_t int8_block_words = momentum_block_words(MomentumStorage::int8_blocks, momentum_block);
+  static constexpr index_t code_block_words = momentum_block_words(MomentumStorage::int8_blocks, momentum_block);
 
   static __device__ SKEWADAM_ALWAYS_INLINE float grad_at(const DeviceTask& t, const StepScalars& s, index_t o) {
     return to_float(static_cast<const G*>(t.grad)[o]) * s.grad_scale;
@@ -212,9 +214,8 @@ struct Math {
       if constexpr (storage == MomentumStorage::bfloat16) {
         return M::decode(reinterpret_cast<const bf16*>(w)[e]);
       } else {
-        const float* blk = w + e / momentum_block * int8_block_words;
-        const auto q = reinterpret_cast<const std::int8_t*>(blk + 1)[e % momentum_block];
-        return M::value(static_cast<float>(q), blk[0]);
+        const float* blk = w + e / momentum_block * code_block_words;
+        return M::decode(reinterpret_cast<const std::uint8_t*>(blk + 1)[e % momentum_block], blk[0]);
       }
     }
   }
@@ -785,8 +786,9 @@ struct Math {
   /// [it.begin, it.end), warp w taking the w-th, lane l its elements
   /// 8 l ... 8 l + 7: m' from the stored values and the gradient, then the
   /// block's stored values (policies/bf16_momentum.hpp,
-  /// int8_block_momentum.hpp), with the random bits of element_base + the
-  /// element's index in the tensor, from the momentum's stream.
+  /// float8_block_momentum.hpp, int8_block_momentum.hpp), with the random
+  /// bits of element_base + the element's index in the tensor, from the
+  /// momentum's streams.
   static __device__ void momentum_blocks(const DeviceTask& t, const TaskStep& st, const WorkUnit& it) {
     if constexpr (stored) {
       constexpr int per_lane = static_cast<int>(momentum_block / 32);
@@ -808,11 +810,19 @@ struct Math {
         const bool in = per_lane * lane + q < n;
         mp[q] = in ? M::update(momentum_at(t, b, first + q), grad_at(t, s, first + q), s) : 0.0f;
       }
-      if (element % elements_per_block == 0) {  // one Philox block serves the lane
-        const auto blk = random_block(key, static_cast<std::uint64_t>(element / elements_per_block));
-        for (int q = 0; q < per_lane; ++q) bits[q] = block_bits(blk, static_cast<std::uint64_t>(q));
-      } else {
-        for (int q = 0; q < per_lane; ++q) bits[q] = random_bits(key, element + q);
+      const auto draw = [&](const RoundingKey& stream, std::uint32_t* out) {
+        if (element % elements_per_block == 0) {  // one Philox block serves the lane
+          const auto blk = random_block(stream, static_cast<std::uint64_t>(element / elements_per_block));
+          for (int q = 0; q < per_lane; ++q) out[q] = block_bits(blk, static_cast<std::uint64_t>(q));
+        } else {
+          for (int q = 0; q < per_lane; ++q) out[q] = random_bits(stream, element + q);
+        }
+      };
+      draw(key, bits);
+      if constexpr (M::random_bits_used == 32) {
+        std::uint32_t low[per_lane];  // the second stream's bits, below the first's
+        draw(momentum_second_key(st.key), low);
+        for (int q = 0; q < per_lane; ++q) bits[q] = bits[q] << 16 | low[q];
       }
       float* w = momentum_of(t, b);
       if constexpr (storage == MomentumStorage::bfloat16) {
@@ -820,20 +830,20 @@ struct Math {
         for (int q = 0; q < per_lane; ++q)
           if (per_lane * lane + q < n) out[q] = M::encode(mp[q], bits[q]);
       } else {
-        float amax = 0.0f;
+        float amax = 0.0f;  // over finite values
         for (int q = 0; q < per_lane; ++q) {
           const float a = ::fabsf(mp[q]);
-          amax = a > amax ? a : amax;
+          amax = a < vmath::from_bits<float>(0x7f800000u) && a > amax ? a : amax;
         }
         for (int off = 16; off > 0; off >>= 1) {
           const float other = __shfl_xor_sync(0xffffffffu, amax, off);
           amax = other > amax ? other : amax;
         }
         const float inv = M::inverse(amax);
-        float* blk = w + k * int8_block_words;
-        std::int8_t* out = reinterpret_cast<std::int8_t*>(blk + 1) + per_lane * lane;
+        float* blk = w + k * code_block_words;
+        std::uint8_t* out = reinterpret_cast<std::uint8_t*>(blk + 1) + per_lane * lane;
         for (int q = 0; q < per_lane; ++q)
-          if (per_lane * lane + q < n) out[q] = static_cast<std::int8_t>(M::code(mp[q], inv, M::uniform(bits[q])));
+          if (per_lane * lane + q < n) out[q] = static_cast<std::uint8_t>(M::code(mp[q], inv, bits[q]));
         if (lane == 0) blk[0] = M::scale(amax);
       }
     } else {
