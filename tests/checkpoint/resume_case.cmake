@@ -1,7 +1,8 @@
-# cmake -DREPLAY=... -DCASE=dir -DWORK=dir [-DBACKEND=name] -P resume_case.cmake
+# cmake -DREPLAY=... -DCASE=dir -DWORK=dir [-DBACKEND=name] [-DPOINTS=inner] -P resume_case.cmake
 #
 # Runs a golden case uninterrupted (1 thread), then resumed at several steps
-# (2 threads): in one process with --resume-at, and in two with --stop-after
+# (2 threads): steps 0, 1, N/2, N-1 and N, or with POINTS=inner 1 and N/2
+# alone; in one process with --resume-at, and in two with --stop-after
 # --save and --load. Every output must equal the uninterrupted run's, bit for
 # bit, and every run must pass the case's tolerances. BACKEND, when given, is
 # passed to every run as --backend (e.g. cuda-emulated).
@@ -17,6 +18,9 @@ string(JSON _steps GET "${_json}" steps)
 math(EXPR _mid "${_steps} / 2")
 math(EXPR _last "${_steps} - 1")
 set(_ks 0 1 ${_mid} ${_last} ${_steps})
+if(POINTS STREQUAL "inner")
+  set(_ks 1 ${_mid})
+endif()
 list(REMOVE_DUPLICATES _ks)
 
 file(REMOVE_RECURSE "${WORK}")
