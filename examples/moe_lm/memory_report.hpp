@@ -48,7 +48,7 @@ inline double planned_state_bytes(const skewadam::Plan& plan, const std::string&
   const auto& s = plan.state_bytes;
   if (optimizer == "skewadam") return static_cast<double>(s.skewadam);
   if (optimizer == "skewadam-bf16") return static_cast<double>(s.skewadam_bf16);
-  if (optimizer == "skewadam-8bit") return static_cast<double>(s.skewadam_8bit);
+  if (optimizer == "skewadam-8bit" || optimizer == "skewadam-linear8bit") return static_cast<double>(s.skewadam_8bit);
   if (optimizer == "adamw") return static_cast<double>(s.adamw);
   if (optimizer == "adafactor") return static_cast<double>(s.adafactor);
   if (optimizer == "uniform") return static_cast<double>(s.uniform);

@@ -297,7 +297,7 @@ inline std::string claims(const std::vector<Row>& rows) {
 }
 
 /// The backbone's momentum stored in bf16 or 8 bits against fp32 (rows
-/// skewadam-bf16, skewadam-8bit and skewadam, each alone or all stepping
+/// skewadam-bf16, skewadam-8bit, skewadam-linear8bit and skewadam, each alone or all stepping
 /// inside backward): their state and validation perplexity, and whether the
 /// gap is within one standard deviation of the seeds (the larger of the
 /// two). Empty when the run has no such pair.
@@ -308,7 +308,8 @@ inline std::string momentum_storage_claim(const std::vector<Row>& rows) {
     for (const Row& r : rows)
       if (r.optimizer == "skewadam" + suffix && !r.tuned) fp32 = &r;
     if (fp32 == nullptr) continue;
-    for (const std::string& low : {std::string("skewadam-bf16"), std::string("skewadam-8bit")}) {
+    for (const std::string& low :
+         {std::string("skewadam-bf16"), std::string("skewadam-8bit"), std::string("skewadam-linear8bit")}) {
       const Row* other = nullptr;
       for (const Row& r : rows)
         if (r.optimizer == low + suffix && !r.tuned) other = &r;
@@ -375,6 +376,7 @@ inline void write_curves_and_plot(const Settings& s, const std::vector<Row>& row
      << "plot ";
   const std::map<std::string, std::string> colour{{"skewadam", "#d62728"},        {"adamw", "#1f77b4"},
                                                   {"skewadam-bf16", "#e377c2"},   {"skewadam-8bit", "#17becf"},
+                                                  {"skewadam-linear8bit", "#bcbd22"},
                                                   {"adafactor", "#2ca02c"},       {"uniform", "#ff7f0e"},
                                                   {"expert-momentum", "#9467bd"}, {"factored-router", "#8c564b"},
                                                   {"no-optimizer", "#7f7f7f"}};

@@ -169,6 +169,8 @@ inline TrainedOptimizer make_optimizer(const std::string& optimizer, MoELM& mode
   if (name == "skewadam") return make_skewadam<skewadam::libtorch::SkewAdam>(model, s, ib);
   if (name == "skewadam-bf16") return make_skewadam<skewadam::libtorch::SkewAdamBf16Momentum>(model, s, ib);
   if (name == "skewadam-8bit") return make_skewadam<skewadam::libtorch::SkewAdam8bit>(model, s, ib);
+  if (name == "skewadam-linear8bit")
+    return make_skewadam<skewadam::libtorch::Optimizer<skewadam::SkewAdamLinear8bitTiers>>(model, s, ib);
   if (name == "adafactor") return make_skewadam<skewadam::libtorch::AdafactorLike>(model, s, ib);
   if (name == "uniform") return make_skewadam<skewadam::libtorch::UniformAblation>(model, s, ib);
   if (name == "expert-momentum") return make_skewadam<skewadam::libtorch::ExpertMomentumAblation>(model, s, ib);

@@ -55,6 +55,7 @@ inline const std::map<std::string, std::string> display_names{
     {"skewadam", "SkewAdam"},
     {"skewadam-bf16", "SkewAdam, bf16 momentum"},
     {"skewadam-8bit", "SkewAdam, 8-bit momentum"},
+    {"skewadam-linear8bit", "SkewAdam, linear 8-bit momentum"},
     {"adamw", "AdamW (torch)"},
     {"adafactor", "Adafactor-like"},
     {"uniform", "Uniform ablation"},
@@ -175,8 +176,9 @@ uniform ablation from the same initialisation on identical batches.
   --out DIR           results folder (default moe_lm_out)
   --optimizers LIST   comma-separated, from skewadam, adamw, adafactor, uniform,
                       expert-momentum, factored-router (default: the first four),
-                      skewadam-bf16 and skewadam-8bit (SkewAdam with the backbone's
-                      momentum stored in bf16, or in 8 bits with a scale per 256),
+                      skewadam-bf16, skewadam-8bit and skewadam-linear8bit (SkewAdam
+                      with the backbone's momentum stored in bf16, in 8-bit
+                      floating-point codes or in linear 8-bit codes, a scale per 256),
                       OPTIMIZER-in-backward for a library optimizer (skewadam-in-backward:
                       SkewAdam stepping each parameter inside backward, as soon as its
                       gradient is complete, then freeing it; no global gradient-norm
