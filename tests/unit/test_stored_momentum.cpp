@@ -88,8 +88,8 @@ TEST_CASE_TEMPLATE("stored momentum: every stored value is one of the two its en
                    Float8BlockMomentum, Int8BlockMomentum) {
   // From the stored values of the step before, m' = beta1 m + (1 - beta1) g
   // with each product rounded alone; then bf16 stores one of the two bf16
-  // values next to m', and int8 stores each block's scale max|m'| / 127 and
-  // a code within one of m' * 127 / max|m'|.
+  // values next to m', and the 8-bit maps each block's scale and, for each
+  // element, one of the two codes next to m' (below).
   auto run = local<AllStored<P>>(2);
   const auto sp = specs();
   std::vector<std::vector<float>> before(sp.size());
@@ -112,25 +112,10 @@ TEST_CASE_TEMPLATE("stored momentum: every stored value is one of the two its en
           const auto [lo, hi] = bf16_neighbours(mp[i]);
           allowed = allowed && (now.value[i] == lo || now.value[i] == hi);
         }
-      } else if constexpr (P::storage == MomentumStorage::float8_blocks) {
-        // the block's scale 2^k from its largest |m'|, and each byte the
-        // code below |m'| 2^-k (random bits 0) or the one above it
-        const auto mat = static_cast<std::size_t>(g.matrix_size());
-        for (std::size_t b0 = 0; b0 < n; b0 += mat)
-          for (std::size_t s0 = 0; s0 < mat; s0 += momentum_block) {
-            const std::size_t e0 = b0 + s0, e1 = b0 + std::min(mat, s0 + momentum_block);
-            float amax = 0.0f;
-            for (std::size_t i = e0; i < e1; ++i) amax = std::max(amax, std::fabs(mp[i]));
-            const float inv = P::inverse(amax);
-            for (std::size_t i = e0; i < e1; ++i) {
-              const std::uint32_t down = P::code_one(mp[i], inv, 0u);
-              const std::uint32_t c = now.code[i];
-              const bool up = (c & 0x7fu) == (down & 0x7fu) + 1u && (c & 0x80u) == ((mp[i] < 0.0f ? 0x80u : 0u));
-              allowed = allowed && (c == down || up) && (c & 0x7fu) < 127u;
-              allowed = allowed && now.value[i] == P::decode(c, P::scale(amax));
-            }
-          }
       } else {
+        // each block: its scale from its largest |m'|; float8, each byte the
+        // code below |m'| 2^-k (random bits 0) or the one above it; int8, a
+        // code within one of m' * 127 / max|m'|
         const auto mat = static_cast<std::size_t>(g.matrix_size());
         for (std::size_t b0 = 0; b0 < n; b0 += mat)
           for (std::size_t s0 = 0; s0 < mat; s0 += momentum_block) {
@@ -138,11 +123,19 @@ TEST_CASE_TEMPLATE("stored momentum: every stored value is one of the two its en
             float amax = 0.0f;
             for (std::size_t i = e0; i < e1; ++i) amax = std::max(amax, std::fabs(mp[i]));
             const float inv = P::inverse(amax);
-            allowed = allowed && now.step[e0] == P::scale(amax);
             for (std::size_t i = e0; i < e1; ++i) {
-              const float q = now.value[i] == 0.0f ? 0.0f : std::round(now.value[i] / now.step[i]);
-              const float lo = std::floor(vmath::mul_rn(mp[i], inv));
-              allowed = allowed && (q == lo || q == lo + 1.0f) && std::fabs(q) <= 127.0f;
+              const std::uint32_t c = now.code[i];
+              allowed = allowed && now.value[i] == P::decode(c, P::scale(amax));
+              if constexpr (P::storage == MomentumStorage::float8_blocks) {
+                const std::uint32_t down = P::code_one(mp[i], inv, 0u);
+                const bool up =
+                    (c & 0x7fu) == (down & 0x7fu) + 1u && (c & 0x80u) == ((mp[i] < 0.0f ? 0x80u : 0u));
+                allowed = allowed && (c == down || up) && (c & 0x7fu) < 127u;
+              } else {
+                const auto q = static_cast<float>(static_cast<std::int8_t>(c));
+                const float lo = std::floor(vmath::mul_rn(mp[i], inv));
+                allowed = allowed && (q == lo || q == lo + 1.0f) && std::fabs(q) <= 127.0f;
+              }
             }
           }
       }
