@@ -1,12 +1,14 @@
 // Momentum stored in fewer bits on the CUDA backend, run on the host by the
 // emulated runtime: its momentum pass (kernels.cuh) stores the CPU backend's
-// bits, locally and sharded, and a checkpoint moves between the two backends
-// and resumes with the same bits.
+// bits, locally and sharded, NaN and infinities included, and a checkpoint
+// moves between the two backends and resumes with the same bits.
 
 #include <skewadam_tools/emulated_runtime.hpp>
 
 #include <doctest/doctest.h>
 
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <span>
 #include <vector>
@@ -39,7 +41,7 @@ void check_params_close(const Result& a, const Result& b, int steps) {
 }  // namespace
 
 TEST_CASE_TEMPLATE("stored momentum, CUDA emulated: the CPU backend's momentum bits, locally and sharded", P,
-                   Bf16Momentum, Int8BlockMomentum) {
+                   Bf16Momentum, Float8BlockMomentum, Int8BlockMomentum) {
   using Tiers = AllStored<P>;
   auto cpu = local<Tiers>(2);
   cpu->steps(0, 3);
@@ -60,7 +62,7 @@ TEST_CASE_TEMPLATE("stored momentum, CUDA emulated: the CPU backend's momentum b
 }
 
 TEST_CASE_TEMPLATE("stored momentum, CUDA emulated: a checkpoint moves to the CPU backend and back", P, Bf16Momentum,
-                   Int8BlockMomentum) {
+                   Float8BlockMomentum, Int8BlockMomentum) {
   using Tiers = AllStored<P>;
   auto device = local<Tiers, tools::EmulatedCuda>(1);
   device->steps(0, 2);
@@ -77,6 +79,42 @@ TEST_CASE_TEMPLATE("stored momentum, CUDA emulated: a checkpoint moves to the CP
   again->steps(3, 4);
   cpu->steps(3, 4);
   check_same(cpu->result(), again->result(), false);
+}
+
+TEST_CASE_TEMPLATE("stored momentum, CUDA emulated: NaN and infinities store the CPU backend's bytes", P,
+                   Float8BlockMomentum, Int8BlockMomentum) {
+  // beta1 0 (m' is the gradient) and nonfinite unchecked: a NaN, a +inf, a
+  // -inf among zeros, and all three among finite values, in four blocks
+  constexpr float nan = std::numeric_limits<float>::quiet_NaN();
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> g(4 * 256);
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = 1e-2f * static_cast<float>(static_cast<int>(i % 37) - 18);
+  for (std::size_t i = 512; i < 768; ++i) g[i] = 0.0f;
+  g[5] = nan;
+  g[256 + 9] = inf;
+  g[512] = -inf;
+  g[768 + 1] = nan;
+  g[768 + 2] = inf;
+  g[768 + 3] = -inf;
+  using Tiers = TierRules<BackboneRule::with_momentum<P>, ExpertRule, RouterRule>;
+  const auto stored = [&]<class Backend>() {
+    Hyperparameters h;
+    h.beta1 = 0.0;
+    const OptimizerOptions options{.seed = 3, .threads = 1, .nonfinite = NonFinitePolicy::unchecked};
+    Optimizer<Tiers, Backend> opt(h, options);
+    std::vector<float> p(g.size(), 0.25f);
+    const ParamId id = opt.add("w", Tier::backbone, TensorView<float>(p.data(), Shape{4, 256}));
+    opt.set_grad(id, TensorView<const float>(g.data(), Shape{4, 256}));
+    opt.step();
+    const std::vector<float> m = opt.export_state().params[0].state.m;
+    std::vector<unsigned char> bytes(4 * m.size());
+    std::memcpy(bytes.data(), m.data(), bytes.size());
+    return bytes;
+  };
+  const auto cpu = stored.template operator()<backend::CpuBackend<ScalarArch>>();
+  const auto device = stored.template operator()<tools::EmulatedCuda>();
+  CHECK(cpu == device);
+  CHECK(device[4 + 5] == 0x80u);  // block 0's NaN: its code after the block's scale word
 }
 
 }  // namespace test_stored_momentum_emulated

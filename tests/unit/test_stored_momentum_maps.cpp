@@ -210,7 +210,8 @@ TEST_CASE_TEMPLATE_DEFINE("8-bit momentum maps: NaN and infinities store the sam
   const auto stored_bytes = [&]<class Tiers, class Backend>() {
     Hyperparameters h;
     h.beta1 = 0.0;
-    Optimizer<Tiers, Backend> opt(h, OptimizerOptions{.seed = 3, .threads = 1, .nonfinite = NonFinitePolicy::unchecked});
+    const OptimizerOptions options{.seed = 3, .threads = 1, .nonfinite = NonFinitePolicy::unchecked};
+    Optimizer<Tiers, Backend> opt(h, options);
     std::vector<float> p(g.size(), 0.25f);
     const Shape shape{6, 256};
     const ParamId id = opt.add("w", Tier::backbone, TensorView<float>(p.data(), shape));
