@@ -154,7 +154,8 @@ void walk(Source& src, CheckpointInfo& info, OnOptimizer&& on_optimizer, OnParam
   info.format_version = h.version;
   info.file_size = h.file_size;
   info.has_param_values = (h.flags & flag_param_values) != 0;
-  const std::uint64_t nparams = decode_optimizer(read_small_record(src, tag_optimizer, "optimizer"), where, h.version, info);
+  const std::uint64_t nparams =
+      decode_optimizer(read_small_record(src, tag_optimizer, "optimizer"), where, h.version, info);
   on_optimizer(static_cast<const CheckpointInfo&>(info));
   for (std::uint64_t k = 0; k < nparams; ++k) {
     const std::string what = "parameter #" + std::to_string(k);

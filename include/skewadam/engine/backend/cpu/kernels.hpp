@@ -62,9 +62,10 @@
 //
 // Momentum stored in fewer bits (Bf16Momentum, Float8BlockMomentum,
 // Int8BlockMomentum; the blocks of state_layout.hpp): an 8-bit block's codes
-// need the largest |m'| of the block, so m is updated a block at a time, just before the first row of the
-// block is read (update_momentum_blocks: the block's gradient is then in
-// cache for the statistics), and every later read decodes the stored values.
+// need the largest |m'| of the block, so m is updated a block at a time,
+// just before the first row of the block is read (update_momentum_blocks:
+// the block's gradient is then in cache for the statistics), and every later
+// read decodes the stored values.
 // Units never split a block (TensorTask::row_align; element chunks are
 // multiples of the block).
 //

@@ -79,9 +79,9 @@
 // its own before the statistics (momentum_kernel): a warp per block of 256
 // elements, 8 per lane, the block's largest finite |m'| by a shuffle tree
 // (32 random bits per element from two streams for the maps that read
-// them); the statistics and the
-// update then read the stored values, decoded. The gradient is read once
-// more for those tensors (the backbone's, 5 % of an MoE's parameters).
+// them); the statistics and the update then read the stored values,
+// decoded. The gradient is read once more for those tensors (the
+// backbone's, 5 % of an MoE's parameters).
 //
 // Apart from nvcc, this header compiles with the host shim of
 // tools/common/skewadam_tools/cuda_emulation.hpp, which runs the kernels on
