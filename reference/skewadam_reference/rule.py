@@ -218,22 +218,18 @@ def stored_momentum(storage, s, m, g, store, t):
         return out.reshape(m.shape).astype(np.float64)
     if storage == "float8_blocks":
         low = philox.rounding_bits(store.seed ^ MOMENTUM_SECOND_SEED_XOR, store.stream, t, flat.size).reshape(b, size)
-        r = (bits.astype(np.uint32) << np.uint32(16)) | low.astype(np.uint32)
-        out = np.empty_like(flat)
-        for k in range(b):
-            for start in range(0, size, MOMENTUM_BLOCK):
-                x = flat[k, start:start + MOMENTUM_BLOCK]
-                scale, codes = float8_encode_block(x, r[k, start:start + MOMENTUM_BLOCK])
-                out[k, start:start + MOMENTUM_BLOCK] = float8_decode(codes, scale)
-        return out.reshape(m.shape).astype(np.float64)
-    if storage != "int8_blocks":
+        bits = (bits.astype(np.uint32) << np.uint32(16)) | low.astype(np.uint32)
+        encode, decode = float8_encode_block, float8_decode
+    elif storage == "int8_blocks":
+        encode, decode = int8_encode_block, int8_decode
+    else:
         raise ValueError(f"unknown momentum storage {storage!r}")
     out = np.empty_like(flat)
     for k in range(b):
         for start in range(0, size, MOMENTUM_BLOCK):
-            x = flat[k, start:start + MOMENTUM_BLOCK]
-            scale, codes = int8_encode_block(x, bits[k, start:start + MOMENTUM_BLOCK])
-            out[k, start:start + MOMENTUM_BLOCK] = int8_decode(codes, scale)
+            block = slice(start, start + MOMENTUM_BLOCK)
+            scale, codes = encode(flat[k, block], bits[k, block])
+            out[k, block] = decode(codes, scale)
     return out.reshape(m.shape).astype(np.float64)
 
 

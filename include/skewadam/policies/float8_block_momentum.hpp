@@ -29,12 +29,11 @@
 //                       2^21, exactly
 //   y < 2^-30           t = y * 2^32, up when r + ceil(2^32 frac(t)) carries
 //                       past 2^32: p exactly wherever 2^32 frac(t) is an
-//                       integer (y at least 2^-41 of the scale), else its
-//                       round-up to a multiple of 2^-32 (a bias below 2^-64
-//                       of the scale)
-// In both, larger r rounds up: r = 0 gives the code below y.
-// so E[decoded] = y * 2^k exactly for every element at least 2^-41 of its
-// block's scale. Beyond 1.5 (only when k is 126) y stores as infinity; so
+//                       integer (y at least 2^-41), else its round-up to a
+//                       multiple of 2^-32 (a bias below 2^-64 of the scale)
+// So E[decoded] = y * 2^k exactly for every element at least 2^-41 of its
+// block's scale. In both cases larger r rounds up: r = 0 gives the code
+// below y. Beyond 1.5 (only when k is 126) y stores as infinity; so
 // do infinities, with their sign; a NaN stores 0x80; a value rounded to code
 // 0 stores 0x00 whatever its sign.
 // r: the element's 16 bits from the momentum's stream, then 16 from its
