@@ -2,6 +2,8 @@
 // the optimizer on a heavy-tailed fixture: blocks of 256 whose largest entry
 // is one outlier column and whose other entries spread log-uniformly over
 // seven decades below it.
+//   - the float8 codes' expectation is the rounded value exactly, over every
+//     value of the random bits;
 //   - the relative RMS error of the stored momentum by decade below the
 //     block's largest value: Float8BlockMomentum at most 10 % from 10^-5 to
 //     1; the linear map over 100 % at 10^-3 (a value under one code step is
@@ -162,6 +164,38 @@ TEST_CASE("8-bit momentum maps: relative error by decade below the block's large
   CHECK(f8[3] <= 0.10);     // the entries at 1e-3 of the block's largest: the target
   CHECK(lin[3] >= 1.0);     // the linear map stores them as 0 or one step of 1/127
   CHECK(lin[0] <= 0.03);    // and keeps the largest ones within a few per cent
+}
+
+TEST_CASE("float8 codes: the rounding's expectation is y exactly, over every value of the random bits") {
+  // At scale 1 (inv = 1): y from 2^-30 to 1.5 rounds on r's top 21 bits, so
+  // the mean of the decoded value over all 2^21 of them must be y, exactly
+  // (summed as integers in units of 2^-34: every code value is a multiple);
+  // below 2^-30, the lowest r that rounds up, r0, must leave a probability
+  // (2^32 - r0) / 2^32 with lo + p * 2^-32 = y, exactly, for y >= 2^-41.
+  using F = Float8BlockMomentum;
+  std::uint64_t state = 99;
+  for (int k = 0; k < 48; ++k) {
+    state = mix(state + 1);
+    const int e = -1 - static_cast<int>(state % 41);  // binades 2^-41 ... 2^-1, and 1.5 below
+    const float y = k == 0 ? 1.5f : std::ldexp(1.0f + static_cast<float>(state >> 41) * 0x1p-23f, e);
+    CAPTURE(y);
+    if (y >= 0x1p-30f) {
+      std::int64_t sum = 0;
+      for (std::uint32_t hi = 0; hi < (1u << 21); ++hi)
+        sum += static_cast<std::int64_t>(std::ldexp(F::unit(F::code_one(y, 1.0f, hi << 11)), 34));
+      CHECK(sum == static_cast<std::int64_t>(std::ldexp(static_cast<double>(y), 34 + 21)));
+    } else {
+      std::uint64_t lo = 0, hi = 1ull << 32;  // the least r that rounds up, in [lo, hi]
+      const std::uint32_t down = F::code_one(y, 1.0f, 0u);
+      while (lo < hi) {
+        const std::uint64_t mid = (lo + hi) / 2;
+        if (F::code_one(y, 1.0f, static_cast<std::uint32_t>(mid)) == down) lo = mid + 1;
+        else hi = mid;
+      }
+      const double p = std::ldexp(static_cast<double>((1ull << 32) - lo), -32);
+      CHECK(static_cast<double>(F::unit(down)) + p * 0x1p-32 == static_cast<double>(y));
+    }
+  }
 }
 
 TEST_CASE_TEMPLATE("8-bit momentum maps: unbiased, and the bias statistic sees truncation and shrinking", P,
