@@ -5,13 +5,16 @@
 // kernels.cuh in a translation unit compiled by the C++ compiler.
 //
 // A block is blockDim.x fibers on one host thread (each started once with
-// makecontext and kept for the blocks that follow, then switched with
-// _setjmp/_longjmp, which unlike swapcontext make no system call; with
-// _FORTIFY_SOURCE, whose longjmp refuses to change stacks, swapcontext
-// throughout and a fresh context per block), run in thread order
+// makecontext and kept for the blocks that follow, then switched with the
+// compiler's __builtin_setjmp/__builtin_longjmp, which save and restore
+// three registers and make no library call: no signal mask, no cleanup
+// handlers, no _FORTIFY_SOURCE check of the stack), run in thread order
 // until each reaches a barrier; a barrier opens when every thread of its
 // block (__syncthreads) or warp (__shfl_xor_sync) that has not returned
-// waits at it. __shared__ variables are per host thread, so each block has
+// waits at it. A warp shuffle waits once: its lanes write one of two
+// buffers, alternately, and a lane can write a buffer again only after
+// every lane has passed the next shuffle's barrier, so after each has read
+// it. __shared__ variables are per host thread, so each block has
 // its own. A kernel whose threads wait at different barriers is reported
 // (std::logic_error from emu::launch) rather than hung.
 //
@@ -34,7 +37,6 @@
 // launch as a std::logic_error naming the address, the block and the thread.
 // Timing and memory-model subtleties beyond these are not emulated.
 
-#include <setjmp.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -198,41 +200,45 @@ class Block {
   void wait(bool warp) {
     Fiber& f = *fibers_[current_];
     f.state = warp ? State::warp_wait : State::block_wait;
-#if defined(_FORTIFY_SOURCE)
-    swapcontext(&f.ctx, &scheduler_);
-#else
-    if (_setjmp(f.jmp) == 0) _longjmp(scheduler_jmp_, 1);
-#endif
+    if (__builtin_setjmp(f.jmp) == 0) jump(scheduler_jmp_);
   }
 
-  /// A warp shuffle's exchange: each lane's value, by its bytes.
-  unsigned char buf[max_threads / 32][32][8] = {};
+  /// The exchange of the running thread's next warp shuffle: each lane's
+  /// value, by its bytes, in the buffer its shuffles alternate to.
+  unsigned char (&shuffle_buffer())[max_threads / 32][32][8] {
+    Fiber& f = *fibers_[current_];
+    f.shuffles ^= 1u;
+    return buf_[f.shuffles];
+  }
 
  private:
   enum class State { run, block_wait, warp_wait, done };
+  /// Where a fiber or the scheduler goes on: __builtin_setjmp's buffer.
+  using Resume = void* [5];
   struct Fiber {
     ucontext_t ctx{};
-    jmp_buf jmp{};
+    Resume jmp{};
     bool started = false;
     std::unique_ptr<char[]> stack{new char[stack_bytes]};
     State state = State::done;
+    unsigned shuffles = 0;  ///< the parity of the warp shuffles it began in this block
   };
 
   static void entry();
 
-  /// Runs f until it waits or returns. Not inlined: the _setjmp that f's
-  /// _longjmp returns to stays in a frame of its own, so the caller's
+  /// Goes on where `to` was saved. A function of its own: __builtin_longjmp
+  /// may not be called from the function that saved the buffer.
+  [[gnu::noinline]] static void jump(Resume& to) { __builtin_longjmp(to, 1); }
+
+  /// Runs f until it waits or returns. Not inlined: the __builtin_setjmp
+  /// that f jumps back to stays in a frame of its own, so the caller's
   /// locals are not clobbered.
   [[gnu::noinline]] void resume(Fiber& f) {
-#if defined(_FORTIFY_SOURCE)
-    swapcontext(&scheduler_, &f.ctx);
-#else
-    if (_setjmp(scheduler_jmp_) != 0) return;  // f jumped back
-    if (f.started) _longjmp(f.jmp, 1);
+    if (__builtin_setjmp(scheduler_jmp_) != 0) return;  // f jumped back
+    if (f.started) jump(f.jmp);
     f.started = true;
     ucontext_t here;
-    swapcontext(&here, &f.ctx);  // never resumed: f returns by _longjmp
-#endif
+    swapcontext(&here, &f.ctx);  // never resumed: f returns by jump()
   }
 
   /// Gives f a fresh context that starts entry() on its own stack. Not
@@ -242,7 +248,7 @@ class Block {
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = f.stack.get();
     f.ctx.uc_stack.ss_size = stack_bytes;
-    f.ctx.uc_link = &scheduler_;
+    f.ctx.uc_link = nullptr;  // entry() never returns
     makecontext(&f.ctx, &Block::entry, 0);
     f.started = false;
   }
@@ -250,14 +256,12 @@ class Block {
   void run_block(unsigned threads) {
     for (unsigned t = 0; t < threads; ++t) {
       Fiber& f = *fibers_[t];
-#if !defined(_FORTIFY_SOURCE)
       // a fiber that finished a block waits in entry() for the next one; it
       // starts afresh only the first time, or after a launch abandoned it
       // at a barrier
-      if (!f.started || f.state != State::done)
-#endif
-        prepare(f);
+      if (!f.started || f.state != State::done) prepare(f);
       f.state = State::run;
+      f.shuffles = 0;
     }
     for (;;) {
       for (unsigned t = 0; t < threads; ++t) {
@@ -302,8 +306,8 @@ class Block {
   }
 
   std::vector<std::unique_ptr<Fiber>> fibers_;
-  ucontext_t scheduler_{};
-  jmp_buf scheduler_jmp_{};
+  Resume scheduler_jmp_{};
+  unsigned char buf_[2][max_threads / 32][32][8] = {};
   unsigned current_ = 0;
   const std::function<void()>* body_ = nullptr;
 
@@ -318,20 +322,14 @@ inline Block& block() {
 
 inline void Block::entry() {
   Block& b = block();
-#if defined(_FORTIFY_SOURCE)
-  (*b.body_)();
-  b.fibers_[b.current_]->state = State::done;
-  // returns to uc_link, the scheduler
-#else
   // one fiber runs thread current_ of block after block: between two, it
   // waits here (started once, it makes no system call again)
   for (;;) {
     (*b.body_)();
     Fiber& f = *b.fibers_[b.current_];
     f.state = State::done;
-    if (_setjmp(f.jmp) == 0) _longjmp(b.scheduler_jmp_, 1);
+    if (__builtin_setjmp(f.jmp) == 0) jump(b.scheduler_jmp_);
   }
-#endif
 }
 
 // ------------------------------------------------------- host threads
@@ -474,11 +472,12 @@ template <class T>
 T __shfl_xor_sync(unsigned /*mask*/, T v, int lane_mask) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "__shfl_xor_sync: a value of at most 8 bytes");
   const unsigned w = threadIdx.x / 32, l = threadIdx.x % 32;
-  std::memcpy(emu::block().buf[w][l], &v, sizeof(T));
-  emu::block().wait(true);
+  emu::Block& b = emu::block();
+  auto& buf = b.shuffle_buffer();
+  std::memcpy(buf[w][l], &v, sizeof(T));
+  b.wait(true);
   T r;
-  std::memcpy(&r, emu::block().buf[w][l ^ static_cast<unsigned>(lane_mask)], sizeof(T));
-  emu::block().wait(true);
+  std::memcpy(&r, buf[w][l ^ static_cast<unsigned>(lane_mask)], sizeof(T));
   return r;
 }
 
