@@ -195,6 +195,9 @@ uniform ablation from the same initialisation on identical batches.
                       initialised, as in the no-optimizer run: the peaks then differ by
                       the optimizers' own memory alone
   --eval-every N      steps between validation evaluations (default 50)
+  --eval-windows N    held-out windows of each evaluation during training (default 128)
+  --final-windows N   held-out windows of the final evaluation, the table's perplexity
+                      (default 1024)
   --eps E             eps of the library's rules, the floor under the second-moment
                       estimate (default 1e-30, as Adafactor's). The reference's 1e-8
                       is above 90-98 % of this model's expert column statistics
@@ -300,6 +303,8 @@ inline bool parse(int argc, char** argv, Settings& s) {
     }
     else if (a == "--eps") s.eps = real(i, a);
     else if (a == "--eval-every") s.eval_every = integer(i, a, 1);
+    else if (a == "--eval-windows") s.eval_windows = integer(i, a, 1);
+    else if (a == "--final-windows") s.final_windows = integer(i, a, 1);
     else if (a == "--threads") s.threads = static_cast<int>(integer(i, a, 1));
     else if (a == "--seed") s.seed = static_cast<std::uint64_t>(integer(i, a, 0));
     else if (a == "--seeds") s.seeds = integer(i, a, 1);
