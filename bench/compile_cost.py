@@ -7,7 +7,7 @@ comparable purpose that includes <Eigen/Dense> and multiplies two matrices
 For each flag set (-O2, and -O3 -march=native by default) the two files are
 compiled alternately, ROUNDS times each (5 by default), in an order drawn at
 random for each round, so that a slow phase of a shared machine falls on
-both. Each compilation's CPU time (user + system of the compiler and its
+both; --jobs N runs N compilations side by side, in that order. Each compilation's CPU time (user + system of the compiler and its
 children) and peak memory (the largest resident set of the compiler's
 processes) are read from the operating system. The table gives the medians
 and the ratio of the medians; --compiled DIR adds the README's example in the
@@ -15,10 +15,12 @@ compiled mode (SKEWADAM_COMPILED, skewadam/engine/backend/cpu/compiled.hpp), DIR
 folder that holds skewadam/compiled_levels.hpp (the build's generated/
 folder). A report, not a test: nothing is asserted.
 
-  bench/compile_cost.py [--rounds 5] [--flags=-O2 --flags='-O3 -march=native'] [--compiled BUILD/generated]
+  bench/compile_cost.py [--rounds 5] [--jobs 1] [--flags=-O2 --flags='-O3 -march=native']
+                        [--compiled BUILD/generated]
 """
 
 import argparse
+import concurrent.futures
 import os
 import random
 import re
@@ -48,8 +50,9 @@ def find_include(header, candidates):
     sys.exit(f"compile_cost: {header} not found in {', '.join(candidates)} (scripts/install-deps installs it)")
 
 
-def measure(cxx, flags, source, workdir):
-    """Compiles in a child Python process so that its peak memory is its own."""
+def measure(cxx, flags, source, workdir, tag):
+    """Compiles in a child Python process so that its peak memory is its own
+    (the object file named by tag: compilations may run side by side)."""
     code = (
         "import resource, subprocess, sys\n"
         "r = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
@@ -57,7 +60,7 @@ def measure(cxx, flags, source, workdir):
         "sys.stderr.write(r.stderr)\n"
         "print(u.ru_utime + u.ru_stime, u.ru_maxrss / 1024.0)\n"
         "sys.exit(r.returncode)\n")
-    obj = os.path.join(workdir, os.path.basename(source) + ".o")
+    obj = os.path.join(workdir, f"{tag}.o")
     proc = subprocess.run([sys.executable, "-c", code, cxx, *flags, "-c", source, "-o", obj],
                           capture_output=True, text=True)
     if proc.returncode != 0:
@@ -73,10 +76,15 @@ def main():
     ap.add_argument("--flags", action="append", help="a flag set (repeatable; default: -O2, -O3 -march=native)")
     ap.add_argument("--compiled", metavar="DIR", help="also the compiled mode, DIR holding skewadam/compiled_levels.hpp")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="compilations side by side (each its own process, so its CPU time stays its own; "
+                         "a shared cache and memory bus slow both files alike)")
     args = ap.parse_args()
     flag_sets = args.flags or ["-O2", "-O3 -march=native"]
     if args.rounds < 1:
         sys.exit("compile_cost: --rounds must be at least 1")
+    if args.jobs < 1:
+        sys.exit("compile_cost: --jobs must be at least 1")
 
     eigen = find_include("Eigen/Dense", ["/usr/include/eigen3", "/usr/local/include/eigen3"])
     common = ["-std=c++20", "-fopenmp", "-fno-math-errno", f"-I{os.path.join(ROOT, 'include')}", f"-I{eigen}"]
@@ -97,16 +105,21 @@ def main():
                 model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "?")
         except OSError:
             model = "?"
-        print(f"machine: {model}, {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; {args.rounds} rounds")
+        print(f"machine: {model}, {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; {args.rounds} rounds, "
+              f"{args.jobs} at a time")
         rows = []
         for fs in flag_sets:
             flags = shlex.split(fs)
             samples = {name: [] for name, _, _ in files}
-            for _ in range(args.rounds):
+            queue = []
+            for r in range(args.rounds):
                 order = list(files)
                 rng.shuffle(order)
-                for name, src, extra in order:
-                    samples[name].append(measure(args.cxx, common + flags + extra, src, work))
+                queue += [(name, src, extra, f"{i}-{r}") for i, (name, src, extra) in enumerate(order)]
+            with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+                done = pool.map(lambda q: (q[0], measure(args.cxx, common + flags + q[2], q[1], work, q[3])), queue)
+                for name, sample in done:
+                    samples[name].append(sample)
             eigen_cpu = statistics.median(c for c, _ in samples["Eigen product"])
             eigen_mem = statistics.median(m for _, m in samples["Eigen product"])
             for name, _, _ in files:

@@ -32,7 +32,8 @@ target_compile_features(skewadam-torch-test-common PUBLIC cxx_std_20)
 # (public: the executables' own sources, linked with these, are compiled alike)
 target_link_libraries(skewadam-torch-test-common PUBLIC skewadam_tooling)
 target_compile_options(skewadam-torch-test-common PUBLIC
-                       $<$<AND:$<CXX_COMPILER_ID:GNU,Clang>,$<CONFIG:Release,RelWithDebInfo,MinSizeRel>>:-O1>)
+                       $<$<AND:$<CXX_COMPILER_ID:GNU,Clang>,$<CONFIG:Release,RelWithDebInfo,MinSizeRel>>:-O1>
+                       ${SKEWADAM_TEST_PROGRAM_FLAGS})
 skewadam_unity_tests(skewadam-torch-test-common 6)
 if(TARGET skewadam_warnings)
   target_link_libraries(skewadam-torch-test-common PUBLIC skewadam_warnings)

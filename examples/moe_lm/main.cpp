@@ -189,7 +189,8 @@ int run_driver(const Settings& s, const std::vector<std::string>& passthrough) {
             << "corpus:  " << corpus.source << ": " << corpus.train.size() << " bytes train, " << corpus.val.size()
             << " bytes held out\n"
             << "run:     " << s.steps << " steps x " << s.batch << " x " << s.model.context << " tokens, lr " << s.lr
-            << " (warm-up " << s.warmup * 100 << " %, cosine to 0), weight decay " << s.weight_decay
+            << " (warm-up " << moe_lm::schedule_of(s).warmup_steps << " steps, cosine to 0 at step "
+            << moe_lm::schedule_of(s).total_steps << "), weight decay " << s.weight_decay
             << " (router 0), grad-norm clip " << s.max_grad_norm
             << " (none for a run stepping in backward), eps " << s.eps
             << " (the library's rules; AdamW 1e-8)\n"

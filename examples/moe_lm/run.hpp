@@ -262,9 +262,7 @@ inline int run_worker(const Settings& s) {
   TrainedOptimizer t = make_optimizer(s.worker, model, s);
   torch::optim::Optimizer& opt = *t.optimizer;  // from here on, only torch's interface
 
-  const skewadam::WarmupCosine schedule{.peak_lr = s.lr,
-                                        .warmup_steps = std::max<std::int64_t>(1, std::llround(s.warmup * static_cast<double>(s.steps))),
-                                        .total_steps = s.steps};
+  const skewadam::WarmupCosine schedule = schedule_of(s);
   BatchSampler sampler(corpus.train, s.batch, s.model.context, s.seed);
   const auto eval_set = validation_batches(corpus.val, s.batch, s.model.context, s.eval_windows);
   const auto final_set = validation_batches(corpus.val, s.batch, s.model.context, s.final_windows);

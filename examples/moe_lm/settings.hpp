@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include <skewadam/math/schedule.hpp>
+
 #include "model.hpp"
 
 namespace moe_lm {
@@ -32,7 +34,9 @@ struct Settings {
   std::int64_t final_windows = 1024;  // validation windows at the end
   double lr = 1e-3;     // the best of {5e-4, 1e-3, 3e-3, 1e-2} for AdamW here; the same for every optimizer
   double eps = 1e-30;   // the library's rules: floor under the second-moment estimate (see --help)
-  double warmup = 0.03;   // share of steps
+  double warmup = 0.03;   // share of the schedule's steps
+  std::int64_t warmup_steps = 0;    // > 0: the warm-up in steps, instead of the share
+  std::int64_t schedule_steps = 0;  // > 0: the schedule's length, the run its first `steps` (0: `steps`)
   double weight_decay = 0.05;  // backbone and experts; the router has none
   double max_grad_norm = 1.0;
   double balance_coef = 0.01;
@@ -189,11 +193,16 @@ uniform ablation from the same initialisation on identical batches.
   --steps N           training steps per optimizer (default 800)
   --batch B           sequences per step (default 16)
   --context T         tokens per sequence (default 128)
-  --lr LR             peak learning rate of every optimizer, 3 % linear warm-up
+  --lr LR             peak learning rate of every optimizer, linear warm-up (--warmup)
                       then cosine to 0 (default 1e-3; the paper preset: 3e-4). 0: the
                       optimizers step, but the weights and so the routing stay as
                       initialised, as in the no-optimizer run: the peaks then differ by
                       the optimizers' own memory alone
+  --warmup F          the warm-up's share of the schedule, at least one step (default 0.03)
+  --warmup-steps N    the warm-up in steps (instead of --warmup)
+  --schedule-steps T  the schedule's length (default --steps): a run of fewer steps trains
+                      the schedule's first --steps (e.g. --steps 30 --warmup-steps 300
+                      --schedule-steps 300: the first 30 steps of a 300-step warm-up)
   --eval-every N      steps between validation evaluations (default 50)
   --eval-windows N    held-out windows of each evaluation during training (default 128)
   --final-windows N   held-out windows of the final evaluation, the table's perplexity
@@ -246,6 +255,16 @@ inline double number_at_least(const std::string& text, const std::string& what, 
 /// `text` as a finite number > 0; throws std::invalid_argument naming `what`.
 inline double positive_number(const std::string& text, const std::string& what) {
   return number_at_least(text, what, 0.0, true);
+}
+
+/// The learning-rate schedule of every run: linear warm-up, then cosine to 0
+/// at its end; a run trains its first `steps`.
+inline skewadam::WarmupCosine schedule_of(const Settings& s) {
+  const std::int64_t total = s.schedule_steps > 0 ? s.schedule_steps : s.steps;
+  const std::int64_t warmup =
+      s.warmup_steps > 0 ? s.warmup_steps
+                         : std::max<std::int64_t>(1, std::llround(s.warmup * static_cast<double>(total)));
+  return skewadam::WarmupCosine{.peak_lr = s.lr, .warmup_steps = warmup, .total_steps = total};
 }
 
 /// Parses the command line; throws std::invalid_argument naming the option.
@@ -302,6 +321,14 @@ inline bool parse(int argc, char** argv, Settings& s) {
       s.lr = number_at_least(v, a + " " + v, 0.0, false);
     }
     else if (a == "--eps") s.eps = real(i, a);
+    else if (a == "--warmup-steps") s.warmup_steps = integer(i, a, 1);
+    else if (a == "--schedule-steps") s.schedule_steps = integer(i, a, 1);
+    else if (a == "--warmup") {
+      const std::string v = value(i, a);
+      const double w = number_at_least(v, a + " " + v, 0.0, false);
+      if (w > 1) throw std::invalid_argument(a + " " + v + ": expected a share of the steps, at most 1");
+      s.warmup = w;
+    }
     else if (a == "--eval-every") s.eval_every = integer(i, a, 1);
     else if (a == "--eval-windows") s.eval_windows = integer(i, a, 1);
     else if (a == "--final-windows") s.final_windows = integer(i, a, 1);
@@ -338,6 +365,12 @@ inline bool parse(int argc, char** argv, Settings& s) {
     else if (a == "--runs") s.runs = static_cast<int>(integer(i, a, 1));
     else throw std::invalid_argument(a + ": unknown option (see --help)");
   }
+  if (s.schedule_steps > 0 && s.schedule_steps < s.steps)
+    throw std::invalid_argument("--schedule-steps " + std::to_string(s.schedule_steps) + ": fewer than --steps " +
+                                std::to_string(s.steps));
+  if (s.warmup_steps > std::max(s.schedule_steps, s.steps))
+    throw std::invalid_argument("--warmup-steps " + std::to_string(s.warmup_steps) +
+                                ": longer than the schedule (--schedule-steps, else --steps)");
   if (s.optimizers.empty()) throw std::invalid_argument("--optimizers: empty list");
   if (in_backward_all)
     for (auto& o : s.optimizers)

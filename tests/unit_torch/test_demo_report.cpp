@@ -153,6 +153,45 @@ TEST_CASE("demo settings: --tune-factors takes each factor once, and always the 
                                std::invalid_argument);
 }
 
+TEST_CASE("demo settings: --warmup is a share of the steps; --eval-windows and --final-windows count windows") {
+  moe_lm::Settings s;
+  const char* argv[] = {"moe_lm", "--warmup", "0.25", "--eval-windows", "8", "--final-windows", "16"};
+  DOCTEST_REQUIRE(moe_lm::parse(7, const_cast<char**>(argv), s));
+  DOCTEST_CHECK(s.warmup == 0.25);
+  DOCTEST_CHECK(s.eval_windows == 8);
+  DOCTEST_CHECK(s.final_windows == 16);
+  for (const char* v : {"1.5", "-0.1", "x"}) {
+    moe_lm::Settings bad;
+    const char* args[] = {"moe_lm", "--warmup", v};
+    DOCTEST_CHECK_THROWS_WITH_AS(moe_lm::parse(3, const_cast<char**>(args), bad), doctest::Contains("--warmup"),
+                                 std::invalid_argument);
+    DOCTEST_CHECK(bad.warmup == moe_lm::Settings{}.warmup);
+  }
+  // a run of the schedule's first steps: the first 30 of a 300-step warm-up
+  moe_lm::Settings part;
+  const char* first[] = {"moe_lm", "--steps", "30", "--warmup-steps", "300", "--schedule-steps", "300", "--lr", "3e-4"};
+  DOCTEST_REQUIRE(moe_lm::parse(9, const_cast<char**>(first), part));
+  const skewadam::WarmupCosine w = moe_lm::schedule_of(part);
+  DOCTEST_CHECK(w.warmup_steps == 300);
+  DOCTEST_CHECK(w.total_steps == 300);
+  DOCTEST_CHECK(w(30) == doctest::Approx(3e-5).epsilon(1e-12));
+  DOCTEST_CHECK(moe_lm::schedule_of(s).warmup_steps == 200);  // 0.25 of the default 800 steps
+  moe_lm::Settings few;
+  const char* ten[] = {"moe_lm", "--steps", "10"};
+  DOCTEST_REQUIRE(moe_lm::parse(3, const_cast<char**>(ten), few));
+  DOCTEST_CHECK(moe_lm::schedule_of(few).warmup_steps == 1);  // 3 % of 10 steps: at least one
+  for (const std::vector<const char*>& bad_args :
+       {std::vector<const char*>{"moe_lm", "--steps", "30", "--schedule-steps", "20"},
+        std::vector<const char*>{"moe_lm", "--steps", "30", "--warmup-steps", "31"}}) {
+    moe_lm::Settings bad;
+    DOCTEST_CHECK_THROWS_AS(moe_lm::parse(5, const_cast<char**>(bad_args.data()), bad), std::invalid_argument);
+  }
+  moe_lm::Settings none;
+  const char* zero[] = {"moe_lm", "--final-windows", "0"};
+  DOCTEST_CHECK_THROWS_WITH_AS(moe_lm::parse(3, const_cast<char**>(zero), none), doctest::Contains("--final-windows"),
+                               std::invalid_argument);
+}
+
 TEST_CASE("demo settings: --in-backward names each library optimizer's in-backward run; AdamW has none") {
   moe_lm::Settings s;
   const char* argv[] = {"moe_lm", "--optimizers", "skewadam,adamw,adafactor", "--in-backward"};
