@@ -7,9 +7,10 @@ comparable purpose that includes <Eigen/Dense> and multiplies two matrices
 For each flag set (-O2, and -O3 -march=native by default) the two files are
 compiled alternately, ROUNDS times each (5 by default), in an order drawn at
 random for each round, so that a slow phase of a shared machine falls on
-both; --jobs N runs N compilations side by side, in that order. Each compilation's CPU time (user + system of the compiler and its
-children) and peak memory (the largest resident set of the compiler's
-processes) are read from the operating system. The table gives the medians
+both; --jobs N runs N compilations side by side, in that order. Each
+compilation's CPU time (user + system of the compiler and its children) and
+peak memory (the largest resident set of the compiler's processes) are read
+from the operating system. The table gives the medians
 and the ratio of the medians; --compiled DIR adds the README's example in the
 compiled mode (SKEWADAM_COMPILED, skewadam/engine/backend/cpu/compiled.hpp), DIR being the
 folder that holds skewadam/compiled_levels.hpp (the build's generated/

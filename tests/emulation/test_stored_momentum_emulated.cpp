@@ -85,32 +85,9 @@ TEST_CASE_TEMPLATE("stored momentum, CUDA emulated: NaN and infinities store the
                    Float8BlockMomentum, Int8BlockMomentum) {
   // beta1 0 (m' is the gradient) and nonfinite unchecked: a NaN, a +inf, a
   // -inf among zeros, and all three among finite values, in four blocks
-  constexpr float nan = std::numeric_limits<float>::quiet_NaN();
-  constexpr float inf = std::numeric_limits<float>::infinity();
-  std::vector<float> g(4 * 256);
-  for (std::size_t i = 0; i < g.size(); ++i) g[i] = 1e-2f * static_cast<float>(static_cast<int>(i % 37) - 18);
-  for (std::size_t i = 512; i < 768; ++i) g[i] = 0.0f;
-  g[5] = nan;
-  g[256 + 9] = inf;
-  g[512] = -inf;
-  g[768 + 1] = nan;
-  g[768 + 2] = inf;
-  g[768 + 3] = -inf;
+  const std::vector<float> g = nonfinite_gradient(4);
   using Tiers = TierRules<BackboneRule::with_momentum<P>, ExpertRule, RouterRule>;
-  const auto stored = [&]<class Backend>() {
-    Hyperparameters h;
-    h.beta1 = 0.0;
-    const OptimizerOptions options{.seed = 3, .threads = 1, .nonfinite = NonFinitePolicy::unchecked};
-    Optimizer<Tiers, Backend> opt(h, options);
-    std::vector<float> p(g.size(), 0.25f);
-    const ParamId id = opt.add("w", Tier::backbone, TensorView<float>(p.data(), Shape{4, 256}));
-    opt.set_grad(id, TensorView<const float>(g.data(), Shape{4, 256}));
-    opt.step();
-    const std::vector<float> m = opt.export_state().params[0].state.m;
-    std::vector<unsigned char> bytes(4 * m.size());
-    std::memcpy(bytes.data(), m.data(), bytes.size());
-    return bytes;
-  };
+  const auto stored = [&]<class Backend>() { return stored_momentum_bytes<Tiers, Backend>(g); };
   const auto cpu = stored.template operator()<backend::CpuBackend<ScalarArch>>();
   const auto device = stored.template operator()<tools::EmulatedCuda>();
   CHECK(cpu == device);

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -19,6 +20,47 @@
 #include <skewadam/skewadam.hpp>
 
 namespace skewadam::test::stored {
+
+/// The gradient of the non-finite tests, `blocks` (at least 4) blocks of 256
+/// of a [blocks, 256] backbone tensor: block 0 holds a NaN (element 5), block
+/// 1 a +inf (element 9), block 2 a -inf (element 0) among zeros, block 3 a
+/// NaN, a +inf and a -inf (elements 1 to 3) among finite values; the other
+/// elements finite and nonzero.
+inline std::vector<float> nonfinite_gradient(std::size_t blocks) {
+  REQUIRE(blocks >= 4);
+  constexpr float nan = std::numeric_limits<float>::quiet_NaN();
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> g(blocks * 256);
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = std::sin(0.37f * static_cast<float>(i)) * 1e-2f;
+  std::fill(g.begin() + 512, g.begin() + 768, 0.0f);
+  g[5] = nan;
+  g[256 + 9] = inf;
+  g[512] = -inf;
+  g[768 + 1] = nan;
+  g[768 + 2] = inf;
+  g[768 + 3] = -inf;
+  return g;
+}
+
+/// The bytes of the backbone momentum one step stores for gradient g (a
+/// [g.size() / 256, 256] tensor) with beta1 = 0, so that m' is g, and
+/// NonFinitePolicy::unchecked, so that the step is taken.
+template <class Tiers, class Backend>
+std::vector<std::uint8_t> stored_momentum_bytes(const std::vector<float>& g) {
+  Hyperparameters h;
+  h.beta1 = 0.0;
+  const OptimizerOptions options{.seed = 3, .threads = 1, .nonfinite = NonFinitePolicy::unchecked};
+  Optimizer<Tiers, Backend> opt(h, options);
+  std::vector<float> p(g.size(), 0.25f);
+  const Shape shape{static_cast<std::int64_t>(g.size() / 256), 256};
+  const ParamId id = opt.add("w", Tier::backbone, TensorView<float>(p.data(), shape));
+  opt.set_grad(id, TensorView<const float>(g.data(), shape));
+  opt.step();
+  const std::vector<float> m = opt.export_state().params[0].state.m;
+  std::vector<std::uint8_t> bytes(4 * m.size());
+  std::memcpy(bytes.data(), m.data(), bytes.size());
+  return bytes;
+}
 
 /// Every tier keeps the stored momentum P: the backbone's rule, the experts'
 /// bank under the factored rule with it, the router's element-wise rule

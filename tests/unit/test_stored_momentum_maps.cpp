@@ -29,6 +29,7 @@
 #include <skewadam/skewadam.hpp>
 
 #include "cpu_archs.hpp"
+#include "stored_momentum_fixture.hpp"
 
 namespace test_stored_momentum_maps {
 
@@ -227,34 +228,13 @@ TEST_CASE_TEMPLATE("8-bit momentum maps: unbiased, and the bias statistic sees t
 
 TEST_CASE_TEMPLATE_DEFINE("8-bit momentum maps: NaN and infinities store the same bytes on every CPU level", Arch,
                           nonfinite_every_arch) {
-  // One matrix of 6 blocks: a NaN; a +inf; a -inf among zeros (the finite
-  // values all 0); NaN, +-inf and finite values; two finite blocks. beta1 0,
-  // so m' is the gradient.
-  constexpr float nan = std::numeric_limits<float>::quiet_NaN();
+  // One matrix of 6 blocks (test::stored::nonfinite_gradient): a NaN; a +inf; a
+  // -inf among zeros; NaN, +-inf and finite values; two finite blocks.
+  // beta1 0, so m' is the gradient.
+  const std::vector<float> g = test::stored::nonfinite_gradient(6);
   constexpr float inf = std::numeric_limits<float>::infinity();
-  std::vector<float> g(6 * 256);
-  for (std::size_t i = 0; i < g.size(); ++i) g[i] = std::sin(0.37f * static_cast<float>(i)) * 1e-2f;
-  for (std::size_t i = 512; i < 768; ++i) g[i] = 0.0f;
-  g[5] = nan;
-  g[256 + 9] = inf;
-  g[512] = -inf;
-  g[768 + 1] = nan;
-  g[768 + 2] = inf;
-  g[768 + 3] = -inf;
   const auto stored_bytes = [&]<class Tiers, class Backend>() {
-    Hyperparameters h;
-    h.beta1 = 0.0;
-    const OptimizerOptions options{.seed = 3, .threads = 1, .nonfinite = NonFinitePolicy::unchecked};
-    Optimizer<Tiers, Backend> opt(h, options);
-    std::vector<float> p(g.size(), 0.25f);
-    const Shape shape{6, 256};
-    const ParamId id = opt.add("w", Tier::backbone, TensorView<float>(p.data(), shape));
-    opt.set_grad(id, TensorView<const float>(g.data(), shape));
-    opt.step();
-    const std::vector<float> m = opt.export_state().params[0].state.m;
-    std::vector<std::uint8_t> bytes(4 * m.size());
-    std::memcpy(bytes.data(), m.data(), bytes.size());
-    return bytes;
+    return test::stored::stored_momentum_bytes<Tiers, Backend>(g);
   };
   const auto check = [&]<class P>() {
     CAPTURE(std::string(policy_name<P>::value));
