@@ -185,12 +185,13 @@ int run_driver(const Settings& s, const std::vector<std::string>& passthrough) {
   moe_lm::resolve_device(s.device);  // refused here, before any run, when there is no such device
   const moe_lm::Corpus corpus = moe_lm::load_corpus(s.data, s.model.context);
   std::vector<RunResult> results = planned_runs(s);
+  const skewadam::WarmupCosine schedule = moe_lm::schedule_of(s);
   std::cout << "device:  " << s.device << "\n"
             << "corpus:  " << corpus.source << ": " << corpus.train.size() << " bytes train, " << corpus.val.size()
             << " bytes held out\n"
             << "run:     " << s.steps << " steps x " << s.batch << " x " << s.model.context << " tokens, lr " << s.lr
-            << " (warm-up " << moe_lm::schedule_of(s).warmup_steps << " steps, cosine to 0 at step "
-            << moe_lm::schedule_of(s).total_steps << "), weight decay " << s.weight_decay
+            << " (warm-up " << schedule.warmup_steps << " steps, cosine to 0 at step " << schedule.total_steps
+            << "), weight decay " << s.weight_decay
             << " (router 0), grad-norm clip " << s.max_grad_norm
             << " (none for a run stepping in backward), eps " << s.eps
             << " (the library's rules; AdamW 1e-8)\n"

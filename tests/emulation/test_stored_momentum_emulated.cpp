@@ -87,9 +87,8 @@ TEST_CASE_TEMPLATE("stored momentum, CUDA emulated: NaN and infinities store the
   // -inf among zeros, and all three among finite values, in four blocks
   const std::vector<float> g = nonfinite_gradient(4);
   using Tiers = TierRules<BackboneRule::with_momentum<P>, ExpertRule, RouterRule>;
-  const auto stored = [&]<class Backend>() { return stored_momentum_bytes<Tiers, Backend>(g); };
-  const auto cpu = stored.template operator()<backend::CpuBackend<ScalarArch>>();
-  const auto device = stored.template operator()<tools::EmulatedCuda>();
+  const auto cpu = stored_momentum_bytes<Tiers, backend::CpuBackend<ScalarArch>>(g);
+  const auto device = stored_momentum_bytes<Tiers, tools::EmulatedCuda>(g);
   CHECK(cpu == device);
   CHECK(device[4 + 5] == 0x80u);  // block 0's NaN: its code after the block's scale word
 }

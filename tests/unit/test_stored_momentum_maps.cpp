@@ -233,14 +233,11 @@ TEST_CASE_TEMPLATE_DEFINE("8-bit momentum maps: NaN and infinities store the sam
   // beta1 0, so m' is the gradient.
   const std::vector<float> g = test::stored::nonfinite_gradient(6);
   constexpr float inf = std::numeric_limits<float>::infinity();
-  const auto stored_bytes = [&]<class Tiers, class Backend>() {
-    return test::stored::stored_momentum_bytes<Tiers, Backend>(g);
-  };
   const auto check = [&]<class P>() {
     CAPTURE(std::string(policy_name<P>::value));
     using Tiers = TierRules<BackboneRule::with_momentum<P>, ExpertRule, RouterRule>;
-    const auto scalar = stored_bytes.template operator()<Tiers, backend::CpuBackend<ScalarArch>>();
-    const auto simd = stored_bytes.template operator()<Tiers, backend::CpuBackend<Arch>>();
+    const auto scalar = test::stored::stored_momentum_bytes<Tiers, backend::CpuBackend<ScalarArch>>(g);
+    const auto simd = test::stored::stored_momentum_bytes<Tiers, backend::CpuBackend<Arch>>(g);
     CHECK(scalar == simd);
     // each block: a scale word, then 256 bytes
     const auto code = [&](std::size_t i) { return simd[4 * (65 * (i / 256) + 1) + i % 256]; };
