@@ -72,7 +72,7 @@ set(_damages
   "flip:40|checksum mismatch in the optimizer record"
   "flip:50%|checksum mismatch in the .* record"
   "flip:-2|checksum mismatch in the end record"
-  "version:3|checkpoint format version 3. this build reads versions 1 to 2"
+  "version:4|checkpoint format version 4. this build reads versions 1 to 3"
   "version:0|checkpoint format version 0"
   "append:1|1 byte after the end"
   "random:4096|not a skewadam checkpoint"

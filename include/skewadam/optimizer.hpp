@@ -47,6 +47,7 @@
 // for it (state() for Local; rank(), pieces(), gather_params()... for
 // Sharded).
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -66,6 +67,7 @@
 #include "detail/config.hpp"
 #include "engine/backend/cpu/cpu_backend.hpp"
 #include "engine/engine.hpp"
+#include "engine/grad_norm_clip.hpp"
 #include "engine/nonfinite.hpp"
 #include "engine/optimizer_options.hpp"
 #include "engine/placement/local.hpp"
@@ -133,12 +135,14 @@ class OptimizerBase : public TierSettings {
     requires(!sharded)
       : TierSettings(per_tier), table_(&table), engine_(options), seed_(options.seed),
         nonfinite_(detail::checked_policy(options.nonfinite)),
-        max_grad_norm_(detail::checked_max_grad_norm(options.max_grad_norm)) {}
+        max_grad_norm_(detail::checked_max_grad_norm(options.max_grad_norm)),
+        clip_norm_(detail::checked_clip_norm(options.clip_norm, "options.clip_norm")) {}
   OptimizerBase(const TierTable& table, communicator_type& comm, const PerTier<Hyperparameters>& per_tier,
                 const OptimizerOptions& options, typename Placement::options_type shard) requires sharded
       : TierSettings(per_tier), table_(&table), engine_(comm, options, shard), seed_(options.seed),
         nonfinite_(detail::checked_policy(options.nonfinite)),
-        max_grad_norm_(detail::checked_max_grad_norm(options.max_grad_norm)) {}
+        max_grad_norm_(detail::checked_max_grad_norm(options.max_grad_norm)),
+        clip_norm_(detail::checked_clip_norm(options.clip_norm, "options.clip_norm")) {}
 
  public:
   /// What tier t's rule keeps and is called (tier_table.hpp).
@@ -197,6 +201,7 @@ class OptimizerBase : public TierSettings {
     for (Tier t : all_tiers) s.hyperparameters[static_cast<std::size_t>(tier_index(t))] = hyper_[t];
     s.seed = seed_;
     s.steps = steps_;
+    s.previous_grad_norm = carried_.norm();
     s.params.reserve(entries_.size());
     for (std::size_t i = 0; i < entries_.size(); ++i) {
       OptimizerState::Param p{engine_.export_arrays(i), entries_[i].id};
@@ -219,11 +224,12 @@ class OptimizerBase : public TierSettings {
       throw std::invalid_argument("state: holds " + std::to_string(next.params.size()) +
                                   " parameters, the optimizer has " + std::to_string(entries_.size()));
     check_header(next.hyperparameters, next.steps);
+    CarriedNorm::check(next.previous_grad_norm, "state.previous_grad_norm");
     StateImport im = begin_import();
     for (std::size_t i = 0; i < entries_.size(); ++i)
       import_param(im, ParamId{static_cast<index_t>(i)}, std::move(next.params[i].state),
                    next.params[i].rounding_stream, next.steps);
-    finish_import(std::move(im), next.hyperparameters, next.seed, next.steps);
+    finish_import(std::move(im), next.hyperparameters, next.seed, next.steps, next.previous_grad_norm);
   }
 
   /// An import under way (import_state, checkpoint loading): parameters are
@@ -262,11 +268,13 @@ class OptimizerBase : public TierSettings {
     im.given[i] = 1;
   }
   /// Checks that every parameter was given and commits, with the tiers'
-  /// hyperparameters (by tier_index), seed and step count of the state.
+  /// hyperparameters (by tier_index), seed, step count and previous step's
+  /// global gradient norm (E8; NaN: none) of the state.
   void finish_import(StateImport&& im, const std::array<Hyperparameters, tier_count>& hyper, std::uint64_t seed,
-                     std::int64_t steps) {
+                     std::int64_t steps, double previous_grad_norm) {
     check_no_open_step("import_state");
     check_header(hyper, steps);
+    CarriedNorm::check(previous_grad_norm, "state.previous_grad_norm");
     for (std::size_t i = 0; i < entries_.size(); ++i) {
       if (!im.given[i]) throw std::invalid_argument("state of '" + entries_[i].name + "': missing");
       if (im.steps[i] > steps)
@@ -283,6 +291,7 @@ class OptimizerBase : public TierSettings {
     for (Tier t : all_tiers) hyper_[t] = hyper[static_cast<std::size_t>(tier_index(t))];
     seed_ = seed;
     steps_ = steps;
+    carried_.restore(previous_grad_norm);
     counts_known_ = true;
   }
 
@@ -325,15 +334,39 @@ class OptimizerBase : public TierSettings {
   }
   double pending_grad_scale() const noexcept { return grad_scale_; }
 
-  /// From now on every step first clips the global gradient norm to max_norm,
-  /// exactly as clip_grad_norm(max_norm) before it would (0: off again). The
-  /// norm and the scale are formed by the backend, so a step on a device
-  /// does not wait for them.
-  void set_max_grad_norm(double max_norm) { max_grad_norm_ = detail::checked_max_grad_norm(max_norm); }
+  /// From now on every step first clips the global gradient norm to max_norm
+  /// (0: off again).
+  ///
+  /// ClipNorm::current (E6): by this step's norm, exactly as
+  /// clip_grad_norm(max_norm) before it would. The norm and the scale are
+  /// formed by the backend, so a step on a device does not wait for them. It
+  /// needs every gradient of the step: the step inside backward refuses it.
+  ///
+  /// ClipNorm::previous (E8, grad_norm_clip.hpp): by the norm of the
+  /// previous step's gradients, taken as each tensor is stepped, so that the
+  /// step inside backward can clip; it gives the same bits there as in the
+  /// whole step(). The first step after a step taken without it is not
+  /// clipped. On a device backend each stepped tensor's sum of g^2 is read
+  /// back (a wait per tensor). Not for a captured step (its scale would be
+  /// the capture's).
+  void set_max_grad_norm(double max_norm, ClipNorm norm = ClipNorm::current) {
+    check_no_open_step("set_max_grad_norm");
+    const double checked = detail::checked_max_grad_norm(max_norm);
+    clip_norm_ = detail::checked_clip_norm(norm);
+    max_grad_norm_ = checked;
+  }
   double max_grad_norm() const noexcept { return max_grad_norm_; }
+  ClipNorm clip_norm() const noexcept { return clip_norm_; }
+  /// Whether steps clip by the previous step's global norm (E8).
+  bool clips_by_previous_norm() const noexcept { return max_grad_norm_ > 0 && clip_norm_ == ClipNorm::previous; }
+  /// The global gradient norm the next step clips by under
+  /// ClipNorm::previous: the last step's, when it was taken so; NaN if none.
+  double previous_grad_norm() const noexcept { return carried_.norm(); }
   /// The global gradient norm (before clipping) of the last step that
-  /// clipped by max_grad_norm; NaN if none has. Waits for a device.
+  /// clipped by max_grad_norm; NaN if none has. Under ClipNorm::previous,
+  /// previous_grad_norm(). Waits for a device.
   double last_grad_norm() const {
+    if (clips_by_previous_norm()) return carried_.norm();
     if (!last_norm_known_) {
       last_norm_ = std::sqrt(engine_.clip_sum_squares());
       last_norm_known_ = true;
@@ -353,8 +386,20 @@ class OptimizerBase : public TierSettings {
     check_no_open_step("step()");
     const PerTier<Hyperparameters> h = hyperparameters_at(has_schedule() ? steps() + 1 : 0);
     gather_items();
-    engine_.step(items_, nonfinite_, settings(h));
+    const StepSettings st = settings(h);
+    if (clips_by_previous_norm()) {
+      carried_.begin(entries_.size());
+      for (const StepItem& it : items_)
+        carried_.record(static_cast<std::size_t>(it.index), engine_.grad_sum_squares(std::span(&it, 1)));
+    }
+    engine_.step(items_, nonfinite_, st);
     stepped();
+    if (clips_by_previous_norm()) {
+      if (last_step().applied) carried_.end(by_name());
+      else carried_.discard();  // a rejected step changes nothing
+    } else {
+      carried_.clear();
+    }
     if (nonfinite_ == NonFinitePolicy::raise) {
       const StepReport& r = last_step();
       if (!r.applied) throw NonFiniteGradientError(*r.nonfinite);
@@ -424,9 +469,15 @@ class OptimizerBase : public TierSettings {
     if (has_schedule() && !number) number = steps() + 1;
     StepSettings st = settings(hyperparameters_at(has_schedule() ? *number : 0));
     st.counts_step = false;
-    if (!inside_.open()) engine_.begin_open_step(nonfinite_);
+    const bool previous = clips_by_previous_norm();
+    if (!inside_.open()) {
+      engine_.begin_open_step(nonfinite_);
+      if (previous) carried_.begin(entries_.size());
+    }
+    double sum_squares = 0.0;
     if (e.param.numel() > 0) {
       const StepItem one = item(i);
+      if (previous) sum_squares = engine_.grad_sum_squares(std::span(&one, 1));
       engine_.step(std::span<const StepItem>(&one, 1), nonfinite_, st);
       counts_known_ = false;
     }
@@ -437,6 +488,9 @@ class OptimizerBase : public TierSettings {
         throw NonFiniteGradientError(describe(*bad));
       }
     }
+    // a tensor skipped for a non-finite gradient leaves no sum (E8)
+    if (previous && (nonfinite_ != NonFinitePolicy::skip_step || e.param.numel() == 0 || !engine_.outcome()))
+      carried_.record(i, sum_squares);
   }
 
   /// Throws what step(ParamId) would refuse whatever the parameter: the
@@ -444,10 +498,11 @@ class OptimizerBase : public TierSettings {
   /// clip_grad_norm() scale). A framework calls it when the step inside
   /// backward is turned on, before any backward.
   void check_step_inside_backward() const {
-    if (max_grad_norm_ > 0)
+    if (max_grad_norm_ > 0 && clip_norm_ == ClipNorm::current)
       throw std::invalid_argument(
-          "max_grad_norm: global gradient-norm clipping needs every gradient of the step, which the step inside "
-          "backward does not wait for; set it to 0, or step after backward");
+          "max_grad_norm: global gradient-norm clipping by this step's norm needs every gradient of the step, "
+          "which the step inside backward does not wait for; clip by the previous step's norm "
+          "(ClipNorm::previous), set it to 0, or step after backward");
     if (grad_scale_ != 1.0)
       throw std::invalid_argument(
           "clip_grad_norm: its scale needs every gradient of the step, which the step inside backward does not "
@@ -470,6 +525,8 @@ class OptimizerBase : public TierSettings {
     st.counts_step = true;
     engine_.step(std::span<const StepItem>(), NonFinitePolicy::unchecked, st);
     counts_known_ = false;
+    if (clips_by_previous_norm()) carried_.end(by_name());
+    else carried_.clear();
     last_ = StepReport{};
     if (v.first) {
       last_.applied = false;
@@ -513,6 +570,7 @@ class OptimizerBase : public TierSettings {
   /// under NonFinitePolicy::raise, which needs the host inside every step.
   StepGraph capture_step() requires graphs {
     check_no_open_step("capture_step");
+    check_no_previous_norm("capture_step");
     if (nonfinite_ == NonFinitePolicy::raise)
       throw std::invalid_argument(
           "nonfinite policy: raise needs the host inside every step; a captured step can skip_step or be unchecked");
@@ -525,6 +583,7 @@ class OptimizerBase : public TierSettings {
   /// more step, with the same report, counts and clipping as step().
   void replay(const StepGraph& g) requires graphs {
     check_no_open_step("replay");
+    check_no_previous_norm("replay");
     if (g.policy() != nonfinite_)
       throw std::invalid_argument("graph: captured under nonfinite policy " +
                                   std::string(nonfinite_policy_name(g.policy())) + ", the optimizer's is now " +
@@ -695,7 +754,27 @@ class OptimizerBase : public TierSettings {
     st.grad_scale = grad_scale_;
     st.seed = seed_;
     st.max_norm = max_grad_norm_;
+    if (clips_by_previous_norm()) {  // E8: a scale known before the step, as clip_grad_norm()'s
+      st.grad_scale = carried_.scale(max_grad_norm_);
+      st.max_norm = 0;
+    }
     return st;
+  }
+  /// Every parameter's index, in the order of their names (E8's sum).
+  std::span<const std::size_t> by_name() {
+    if (by_name_.size() != entries_.size()) {
+      by_name_.resize(entries_.size());
+      for (std::size_t i = 0; i < by_name_.size(); ++i) by_name_[i] = i;
+      std::sort(by_name_.begin(), by_name_.end(),
+                [&](std::size_t a, std::size_t b) { return entries_[a].name < entries_[b].name; });
+    }
+    return by_name_;
+  }
+  void check_no_previous_norm(std::string_view what) const {
+    if (clips_by_previous_norm())
+      throw std::invalid_argument(std::string(what) +
+                                  ": max_grad_norm clips by the previous step's norm (ClipNorm::previous), which a "
+                                  "captured step would not follow; clip by the current norm to capture");
   }
   void check_no_schedule() const {
     if (has_schedule())
@@ -790,6 +869,9 @@ class OptimizerBase : public TierSettings {
   double grad_scale_ = 1.0;
   NonFinitePolicy nonfinite_ = NonFinitePolicy::skip_step;
   double max_grad_norm_ = 0;
+  ClipNorm clip_norm_ = ClipNorm::current;
+  CarriedNorm carried_;  ///< the norm of the last step under ClipNorm::previous (E8)
+  std::vector<std::size_t> by_name_;  ///< by_name()'s, once the parameters are all registered
   mutable double last_norm_ = std::numeric_limits<double>::quiet_NaN();
   mutable bool last_norm_known_ = true;
   /// Reused by every step; grows with the number of tensors, never with their size.

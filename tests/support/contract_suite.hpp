@@ -817,4 +817,180 @@ TEST_CASE_TEMPLATE("contract: a step inside backward cut short ends with a repor
   }
 }
 
+
+// ------------------------------------- clipping by the previous step's norm (E8)
+
+/// The naive sum of g^2 in double over every present fp32 gradient of step
+/// t: what the previous step's norm must be close to.
+inline double naive_norm(const fixture::Model& m, std::int64_t t) {
+  double sum = 0;
+  for (const fixture::Tensor& x : m.tensors)
+    if (t % x.grad_every == 0)
+      for (float g : x.g32) sum += static_cast<double>(g) * static_cast<double>(g);
+  return std::sqrt(sum);
+}
+
+template <class Config>
+auto make_previous(double max_norm, NonFinitePolicy policy = NonFinitePolicy::skip_step) {
+  auto opt = make<Config>(policy);
+  opt->set_max_grad_norm(max_norm, ClipNorm::previous);
+  return opt;
+}
+
+TEST_CASE_TEMPLATE("contract: clipping by the previous step's norm is the whole step's inside backward, and scales "
+                   "each step by the last step's norm, bit for bit",
+                   Config, SKEWADAM_CONTRACT_CONFIGURATIONS) {
+  INFO("configuration: ", Config::name);
+  fixture::Model a = fixture::Model::make(Dtype::f32), b = a, c = a, d = a;  // every gradient fp32
+  double max_norm = 0;
+  {
+    auto probe = make<Config>();
+    const auto ids = a.register_with(*probe);
+    set_grads(a, *probe, ids, 1);
+    max_norm = 0.5 * probe->grad_norm();  // bites on every step after the first
+  }
+  auto whole = make_previous<Config>(max_norm);
+  auto inside = make_previous<Config>(max_norm);
+  auto scaled = make<Config>();  // no clip: its gradients are scaled by hand
+  const auto ia = a.register_with(*whole);
+  const auto ib = b.register_with(*inside);
+  const auto ic = c.register_with(*scaled, /*reversed=*/true);
+  CHECK(whole->clips_by_previous_norm());
+  inside->check_step_inside_backward();  // accepted: nothing needs every gradient
+  CHECK(std::isnan(whole->previous_grad_norm()));
+  for (std::int64_t t = 1; t <= 5; ++t) {
+    CAPTURE(t);
+    const double before = whole->previous_grad_norm();
+    const double scale = t == 1 ? 1.0 : max_norm / (before + 1e-6);
+    if (t > 1) CHECK(scale < 1.0);
+    set_grads(c, *scaled, ic, t);
+    for (fixture::Tensor& x : c.tensors)
+      for (float& g : x.g32) g *= static_cast<float>(scale);
+    scaled->step();
+    a.train(*whole, ia, t - 1, t);
+    const StepReport r = step_in_backward(b, *inside, ib, t);
+    CHECK(r.applied);
+    CHECK(whole->last_step().applied);
+    CHECK(whole->previous_grad_norm() == inside->previous_grad_norm());
+    CHECK(whole->previous_grad_norm() == doctest::Approx(naive_norm(a, t)).epsilon(1e-12));
+    CHECK(whole->last_grad_norm() == whole->previous_grad_norm());
+  }
+  CHECK(Observed::take(b, *inside) == Observed::take(a, *whole));
+  CHECK(Observed::take(c, *scaled) == Observed::take(a, *whole));
+  // the local CPU configuration's bits (or values, as the plain step's)
+  auto ref = make_previous<CpuLocal>(max_norm);
+  const auto id = d.register_with(*ref);
+  d.train(*ref, id, 0, 5);
+  if constexpr (Config::cpu_bits) {
+    CHECK(ref->previous_grad_norm() == whole->previous_grad_norm());
+    CHECK(Observed::take(d, *ref) == Observed::take(a, *whole));
+  } else {
+    CHECK(ref->previous_grad_norm() == doctest::Approx(whole->previous_grad_norm()).epsilon(1e-12));
+    CHECK(close(Observed::take(d, *ref), Observed::take(a, *whole)));
+  }
+  // a step without it leaves no norm: the next one clipped by it is not clipped
+  whole->set_max_grad_norm(0);
+  a.train(*whole, ia, 5, 6);
+  CHECK(std::isnan(whole->previous_grad_norm()));
+  CHECK(std::isnan(whole->export_state().previous_grad_norm));
+}
+
+TEST_CASE_TEMPLATE("contract: the previous step's norm resumes bit for bit, in another registration order", Config,
+                   SKEWADAM_CONTRACT_CONFIGURATIONS) {
+  INFO("configuration: ", Config::name);
+  for (bool through_file : {false, true}) {
+    const char* how = through_file ? "through a checkpoint file" : "through export_state / import_state";
+    INFO(how);
+    fixture::Model whole = fixture::Model::make(Dtype::bf16), part = whole;
+    double max_norm = 0;
+    {
+      auto probe = make<Config>();
+      const auto ids = whole.register_with(*probe);
+      set_grads(whole, *probe, ids, 1);
+      max_norm = 0.5 * probe->grad_norm();
+    }
+    auto uninterrupted = make_previous<Config>(max_norm);
+    const auto iw = whole.register_with(*uninterrupted);
+    whole.train(*uninterrupted, iw, 0, 6);
+
+    auto first = make_previous<Config>(max_norm);
+    const auto ip = part.register_with(*first);
+    for (std::int64_t t = 1; t <= 3; ++t) (void)step_in_backward(part, *first, ip, t);
+    const double carried = first->previous_grad_norm();
+    REQUIRE(carried > max_norm);
+    const std::filesystem::path file = scratch_file(std::string("previous-norm-") + Config::name + ".ckpt");
+    OptimizerState saved;
+    if (through_file) Config::save(*first, file);
+    else saved = first->export_state();
+    if (!through_file) CHECK(saved.previous_grad_norm == carried);
+    first.reset();
+
+    auto resumed = make_previous<Config>(max_norm);
+    // a checkpoint matches parameters by name: register them in another order
+    const auto ir = part.register_with(*resumed, /*reversed=*/through_file);
+    if (through_file) Config::load(*resumed, file);
+    else resumed->import_state(saved);
+    CHECK(resumed->previous_grad_norm() == carried);
+    part.train(*resumed, ir, 3, 6);
+    CHECK(resumed->previous_grad_norm() == uninterrupted->previous_grad_norm());
+    CHECK(Observed::take(part, *resumed) == Observed::take(whole, *uninterrupted));
+  }
+}
+
+TEST_CASE_TEMPLATE("contract: under the previous step's norm a skipped tensor or step leaves no sum, and bad input "
+                   "changes nothing",
+                   Config, SKEWADAM_CONTRACT_CONFIGURATIONS) {
+  INFO("configuration: ", Config::name);
+  fixture::Model a = fixture::Model::make(Dtype::f32, /*large=*/false), b = a;
+  auto nan_in = make_previous<Config>(1e-3);
+  auto without = make_previous<Config>(1e-3);
+  const auto ia = a.register_with(*nan_in);
+  const auto ib = b.register_with(*without);
+  for (std::int64_t t = 1; t <= 2; ++t) {
+    (void)step_in_backward(a, *nan_in, ia, t);
+    (void)step_in_backward(b, *without, ib, t);
+  }
+  // inside backward: tensor k's gradient holds a NaN in one, none in the other
+  const std::size_t k = 3;
+  for (std::size_t i = a.tensors.size(); i-- > 0;) {
+    a.tensors[i].fill_grad(i + 1, 3);
+    b.tensors[i].fill_grad(i + 1, 3);
+    if (i == k) poke_grad(a.tensors[i], 2, std::numeric_limits<float>::quiet_NaN());
+    nan_in->set_grad(ia[i], a.tensors[i].grad());
+    nan_in->step(ia[i]);
+    if (i == k) continue;
+    without->set_grad(ib[i], b.tensors[i].grad());
+    without->step(ib[i]);
+  }
+  CHECK(nan_in->finish_step().skipped == 1);
+  CHECK(without->finish_step().applied);
+  CHECK(nan_in->previous_grad_norm() == without->previous_grad_norm());
+  CHECK(Observed::take(a, *nan_in) == Observed::take(b, *without));
+
+  // the whole step, rejected for a non-finite gradient: the norm stays
+  const double kept = nan_in->previous_grad_norm();
+  set_grads(a, *nan_in, ia, 4);
+  poke_grad(a.tensors[1], 0, std::numeric_limits<float>::infinity());
+  nan_in->step();
+  CHECK_FALSE(nan_in->last_step().applied);
+  CHECK(nan_in->previous_grad_norm() == kept);
+
+  // refused, nothing changed
+  const OptimizerState good = nan_in->export_state();
+  for (double bad : {-1.0, std::numeric_limits<double>::infinity()}) {
+    OptimizerState s = good;
+    s.previous_grad_norm = bad;
+    CHECK_THROWS_WITH_AS(nan_in->import_state(s), doctest::Contains("previous_grad_norm"), std::invalid_argument);
+  }
+  CHECK(nan_in->previous_grad_norm() == kept);
+  CHECK_THROWS_WITH_AS(nan_in->set_max_grad_norm(1.0, static_cast<ClipNorm>(7)), doctest::Contains("clip_norm"),
+                       std::invalid_argument);
+  CHECK(nan_in->clip_norm() == ClipNorm::previous);
+  set_grads(a, *nan_in, ia, 5);
+  nan_in->step(ia[0]);
+  CHECK_THROWS_WITH_AS(nan_in->set_max_grad_norm(1.0), doctest::Contains("set_max_grad_norm"), std::logic_error);
+  CHECK(nan_in->clip_norm() == ClipNorm::previous);
+  (void)nan_in->finish_step();
+}
+
 }  // namespace skewadam::contract

@@ -148,6 +148,10 @@ class ThreadRanks {
   SKEWADAM_THREAD_RANKS_FORWARD(set_max_grad_norm)
   SKEWADAM_THREAD_RANKS_FORWARD(max_grad_norm)
   SKEWADAM_THREAD_RANKS_FORWARD(last_grad_norm)
+  SKEWADAM_THREAD_RANKS_FORWARD(grad_norm)
+  SKEWADAM_THREAD_RANKS_FORWARD(clip_norm)
+  SKEWADAM_THREAD_RANKS_FORWARD(clips_by_previous_norm)
+  SKEWADAM_THREAD_RANKS_FORWARD(previous_grad_norm)
 #undef SKEWADAM_THREAD_RANKS_FORWARD
 
   /// A step, then every rank's parameters completed.

@@ -21,6 +21,7 @@
 #include <skewadam/skewadam.hpp>
 
 #include "../../fuzz/fuzz_fixture.hpp"
+#include "checkpoint_version.hpp"
 #include "training_fixture.hpp"
 
 namespace test_checkpoint {
@@ -127,36 +128,14 @@ TEST_CASE("a checkpoint naming the earlier rounding policy loads, and resumes bi
   fuzz::Fixture trained;
   trained.train(2);
   const std::vector<std::byte> now = checkpoint_bytes(trained.opt, SaveOptions{.include_params = true});
-  const auto* b = reinterpret_cast<const unsigned char*>(now.data());
-  using namespace detail::ckpt;
-  REQUIRE(get_le(b + header_size, 4) == tag_optimizer);
-  const std::uint64_t len = get_le(b + header_size + 8, 8);
-  const unsigned char* payload = b + header_size + record_header_size;
-  CheckpointInfo c;
-  const std::uint64_t nparams = decode_optimizer(std::vector<unsigned char>(payload, payload + len), "test", format_version, c);
-  for (auto& t : c.tiers) {
-    const auto at = t.rule.rfind("StochasticRounding16>");
-    REQUIRE(at != std::string::npos);
-    t.rule.replace(at, t.rule.size() - at, "StochasticRounding>");
-  }
-  const std::vector<unsigned char> renamed = encode_optimizer(c, nparams);
-  std::vector<unsigned char> out(b, b + header_size);
-  put_le(out.data() + 12, 1, 4);
-  put_le(out.data() + 16, now.size() - len + renamed.size(), 8);
-  put_le(out.data() + 28, detail::crc32c(out.data(), 28), 4);
-  unsigned char rh[record_header_size];
-  put_le(rh, tag_optimizer, 4);
-  put_le(rh + 4, 0, 4);
-  put_le(rh + 8, renamed.size(), 8);
-  out.insert(out.end(), rh, rh + record_header_size);
-  out.insert(out.end(), renamed.begin(), renamed.end());
-  unsigned char crc[record_trailer_size];
-  put_le(crc, detail::crc32c_update(detail::crc32c(rh, sizeof rh), renamed.data(), renamed.size()), 4);
-  out.insert(out.end(), crc, crc + record_trailer_size);
-  const unsigned char* rest = payload + len + record_trailer_size;
-  out.insert(out.end(), rest, b + now.size());
-  const auto* bytes = reinterpret_cast<const std::byte*>(out.data());
-  const std::span<const std::byte> legacy(bytes, out.size());
+  const std::vector<std::byte> out = test::with_format_version(now, 1, [](CheckpointInfo& c) {
+    for (auto& t : c.tiers) {
+      const auto at = t.rule.rfind("StochasticRounding16>");
+      REQUIRE(at != std::string::npos);
+      t.rule.replace(at, t.rule.size() - at, "StochasticRounding>");
+    }
+  });
+  const std::span<const std::byte> legacy(out);
   REQUIRE(read_checkpoint_info(legacy).format_version == 1);
   REQUIRE(read_checkpoint_info(legacy).tiers[1].rule ==
           "UpdateRule<NoMomentum, FactoredSecondMoment, RmsUpdateClip, StochasticRounding>");
@@ -278,7 +257,7 @@ TEST_CASE("checkpoint info lists what the file holds") {
   TempDir dir;
   save_checkpoint(t.opt, dir / "a.ckpt", SaveOptions{.metadata = {{"run", "moe-1"}, {"note", ""}}});
   const CheckpointInfo info = read_checkpoint_info(dir / "a.ckpt");
-  CHECK(info.format_version == 2);
+  CHECK(info.format_version == 3);
   CHECK(info.steps == 3);
   CHECK(info.seed == 77);
   CHECK_FALSE(info.has_param_values);
@@ -433,10 +412,10 @@ TEST_CASE("every corruption class is rejected and changes nothing") {
   }
   SUBCASE("another format version") {
     std::vector<std::byte> bad = good;
-    bad[12] = std::byte{3};
+    bad[12] = std::byte{4};
     const std::uint32_t crc = detail::crc32c(bad.data(), 28);
     for (int k = 0; k < 4; ++k) bad[static_cast<std::size_t>(28 + k)] = static_cast<std::byte>(crc >> (8 * k));
-    expect_rejected(t, before, bad, CheckpointError::Kind::unsupported_version, "format version 3; this build reads versions 1 to 2");
+    expect_rejected(t, before, bad, CheckpointError::Kind::unsupported_version, "format version 4; this build reads versions 1 to 3");
   }
   SUBCASE("foreign files") {
     auto bytes_of = []<std::size_t N>(const char (&s)[N]) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -90,6 +91,9 @@ struct CheckpointInfo {
   bool has_param_values = false;
   std::int64_t steps = 0;
   std::uint64_t seed = 0;
+  /// The global gradient norm the next step clips by under ClipNorm::previous
+  /// (docs/spec.md E8): NaN when there is none (and in files before version 3).
+  double previous_grad_norm = std::numeric_limits<double>::quiet_NaN();
   std::array<TierInfo, tier_count> tiers{};
   std::vector<std::pair<std::string, std::string>> metadata;
   std::vector<Param> params;
@@ -106,9 +110,10 @@ namespace detail::ckpt {
 
 inline constexpr std::array<unsigned char, 12> magic{0x89, 'S', 'K', 'E', 'W', 'A', 'D', 'A', 'M', '\r', '\n', 0x1a};
 /// The version this build writes, and the oldest it reads. Version 2 added
-/// the momentum code 4 (Float8BlockMomentum); version 1 files hold codes 0
-/// to 3 and read as they always did.
-inline constexpr std::uint32_t format_version = 2;
+/// the momentum code 4 (Float8BlockMomentum); version 3 the previous step's
+/// global gradient norm (E8) at the end of the optimizer record. Older files
+/// read as they always did, with no such norm.
+inline constexpr std::uint32_t format_version = 3;
 inline constexpr std::uint32_t oldest_format_version = 1;
 inline constexpr std::uint64_t header_size = 32;
 inline constexpr std::uint64_t record_header_size = 16;
@@ -301,7 +306,10 @@ inline std::uint8_t momentum_code(StateLayout layout) noexcept {
   return 1;
 }
 
-inline std::vector<unsigned char> encode_optimizer(const CheckpointInfo& c, std::uint64_t nparams) {
+/// The optimizer record of `c` as format `version` writes it (this build's
+/// by default; an older one leaves out what it did not hold).
+inline std::vector<unsigned char> encode_optimizer(const CheckpointInfo& c, std::uint64_t nparams,
+                                                   std::uint32_t version = format_version) {
   Encoder e;
   e.i64(c.steps);
   e.u64(c.seed);
@@ -326,6 +334,7 @@ inline std::vector<unsigned char> encode_optimizer(const CheckpointInfo& c, std:
     e.str(k);
     e.str(v);
   }
+  if (version >= 3) e.f64(c.previous_grad_norm);
   return e.bytes();
 }
 
@@ -376,6 +385,12 @@ inline std::uint64_t decode_optimizer(const std::vector<unsigned char>& payload,
     std::string k = d.str();
     std::string v = d.str();
     c.metadata.emplace_back(std::move(k), std::move(v));
+  }
+  if (version >= 3) {
+    c.previous_grad_norm = d.f64();
+    if (!std::isnan(c.previous_grad_norm) && !(c.previous_grad_norm >= 0 && std::isfinite(c.previous_grad_norm)))
+      throw corrupt(where, "previous gradient norm " + std::to_string(c.previous_grad_norm) +
+                               " (expected NaN or finite and >= 0)");
   }
   d.finish();
   return nparams;

@@ -298,7 +298,7 @@ void load(OptimizerBase<Backend, Placement>& opt, Source& src, const LoadOptions
     if (problems.size() > shown) msg += "\n  ... and " + std::to_string(problems.size() - shown) + " more";
     throw CheckpointError(CheckpointError::Kind::mismatch, msg);
   }
-  take([&] { opt.finish_import(std::move(import), hyper, info.seed, info.steps); });
+  take([&] { opt.finish_import(std::move(import), hyper, info.seed, info.steps, info.previous_grad_norm); });
   // sizes were checked against the registered parameters: a host copy cannot
   // fail (a device copy fails only with the device)
   if (load_values)

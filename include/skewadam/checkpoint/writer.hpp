@@ -122,6 +122,7 @@ void save_with(const OptimizerBase<Backend, Placement>& opt, Sink& sink, const S
   CheckpointInfo info;
   info.steps = opt.steps();
   info.seed = opt.seed();
+  info.previous_grad_norm = opt.previous_grad_norm();
   for (Tier t : all_tiers) {
     auto& ti = info.tiers[static_cast<std::size_t>(tier_index(t))];
     ti.name = std::string(tier_name(t));

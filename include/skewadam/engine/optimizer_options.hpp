@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "../memory/device_allocator.hpp"
+#include "grad_norm_clip.hpp"
 #include "nonfinite.hpp"
 
 namespace skewadam {
@@ -13,9 +14,12 @@ struct OptimizerOptions {
   std::uint64_t seed = 0x5eed5eedULL;  ///< stochastic-rounding seed
   int threads = 0;                      ///< CPU backend: threads per step (0: the hardware's count)
   NonFinitePolicy nonfinite = NonFinitePolicy::skip_step;  ///< see nonfinite.hpp
-  /// > 0: every step clips the global gradient norm to it, as
-  /// clip_grad_norm(max_grad_norm) before each step would (0: off).
+  /// > 0: every step clips the global gradient norm to it (0: off): by
+  /// default this step's norm, as clip_grad_norm(max_grad_norm) before each
+  /// step would; with clip_norm = ClipNorm::previous, the previous step's
+  /// (grad_norm_clip.hpp), which the step inside backward can do.
   double max_grad_norm = 0;
+  ClipNorm clip_norm = ClipNorm::current;
   /// CUDA backend: the cudaStream_t steps are ordered on (null: the default
   /// stream). Ignored by the CPU backend.
   void* stream = nullptr;

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "../math/hyperparameters.hpp"
@@ -27,6 +28,9 @@ struct OptimizerState {
   std::array<Hyperparameters, tier_count> hyperparameters{};  ///< indexed by tier_index(t)
   std::uint64_t seed = 0;    ///< stochastic-rounding seed
   std::int64_t steps = 0;    ///< step() calls applied so far: the lr schedule's position
+  /// The global gradient norm the next step clips by under ClipNorm::previous
+  /// (docs/spec.md E8; grad_norm_clip.hpp): NaN when there is none.
+  double previous_grad_norm = std::numeric_limits<double>::quiet_NaN();
   std::vector<Param> params;  ///< one per registered parameter, in ParamId order
 };
 
