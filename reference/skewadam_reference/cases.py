@@ -4,12 +4,14 @@ through the reference rule, and the checking rule.
 
 import dataclasses
 import json
+import math
 import pathlib
 
 import numpy as np
 
 from . import philox, rounding
-from .rule import ADAMW, BACKBONE, EXACT_MOMENTUM, EXPERTS, MOMENTUM_STORAGES, ROUTER, Hyper, Rounding, run
+from .rule import (ADAMW, BACKBONE, EXACT_MOMENTUM, EXPERTS, MOMENTUM_STORAGES, ROUTER, GradClip, Hyper, Rounding,
+                   run)
 
 FORMAT = "skewadam-golden/1"
 
@@ -86,6 +88,16 @@ class Case:
                             f"{self.param_name!r} ({self.rounding.stream})")
         if self.rounding.mode not in ("stochastic", "nearest"):
             raise CaseError(f"{where}: unknown rounding.mode {self.rounding.mode!r}")
+        self.grad_clip = None
+        if "grad_clip" in j:
+            cj = j["grad_clip"]
+            if not isinstance(cj, dict) or not isinstance(cj.get("max_norm"), (int, float)):
+                raise CaseError(f"{where}: grad_clip must be {{\"max_norm\": number, \"norm\": ...}}")
+            if not (math.isfinite(cj["max_norm"]) and cj["max_norm"] > 0):
+                raise CaseError(f"{where}: grad_clip.max_norm must be finite and > 0")
+            if cj.get("norm", "current") not in ("current", "previous"):
+                raise CaseError(f"{where}: unknown grad_clip.norm {cj['norm']!r} (expected current or previous)")
+            self.grad_clip = GradClip(float(cj["max_norm"]), cj.get("norm", "current"))
         self.tolerance = j["tolerance"]
         self.state_tolerance = j.get("state_tolerance", {})
         self.description = j.get("description", "")
@@ -108,7 +120,7 @@ class Case:
 def run_case(case):
     """The reference's outputs for a case: {"params": ..., state files ...}."""
     params, state, _ = run(case.rule, case.hyper, case.shape, case.array("param0"), case.array("grads"),
-                           case.lr_schedule, case.param_dtype, case.rounding)
+                           case.lr_schedule, case.param_dtype, case.rounding, case.grad_clip)
     return {"params": params, **state}
 
 

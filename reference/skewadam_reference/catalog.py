@@ -16,7 +16,7 @@ import numpy as np
 from . import philox, rounding
 from .cases import FORMAT, write_case
 from .rule import (ADAMW, BACKBONE, BACKBONE_8BIT, BACKBONE_BF16, BACKBONE_LINEAR_8BIT, EXACT_MOMENTUM, EXPERTS, ROUTER,
-                   Hyper, Rounding, run)
+                   GradClip, Hyper, Rounding, run)
 
 BASE_SEED = 20260730
 DEFAULT_SEED = 0x5EED5EED  # the library's default rounding seed
@@ -39,6 +39,7 @@ class Spec:
     rounding: str = "stochastic"
     seed: int = DEFAULT_SEED
     param_name: str = ""
+    grad_clip: object = None  # a GradClip: global gradient-norm clipping (E6, E8)
 
 
 # ------------------------------------------------------------ input makers
@@ -74,6 +75,16 @@ def growing(rng, spec):
     g *= (1.15 ** np.arange(spec.steps, dtype=np.float64)).reshape((-1,) + (1,) * len(spec.shape)).astype(np.float32)
     for t in (6, 13, 21, 27):
         g[t] *= 10
+    return p, g.astype(np.float32)
+
+
+def spiky(rng, spec):
+    """Gradients ~ N(0, 1) with 30x spikes on steps 5, 12 and 19 and 4x on
+    step 20: a global-norm clip at 1.3x the usual norm bites on those."""
+    p = normal(rng, spec.shape, 0.5)
+    g = normal(rng, (spec.steps,) + spec.shape)
+    for t, k in ((4, 30.0), (11, 30.0), (18, 30.0), (19, 4.0)):
+        g[t] *= k
     return p, g.astype(np.float32)
 
 
@@ -298,6 +309,19 @@ SPECS = [
     Spec("momentum_float8_1d", "Float8 momentum (E7) on a rank-1 tensor of 300 elements (the exact fallback): "
          "a block of 256 and one of 44.", (300,), BACKBONE_8BIT, plain(), hyper={"lr": 0.01, **WD},
          param_name="blocks.0.norm.weight"),
+    # Global gradient-norm clipping (E6, E8): the case's one tensor is the whole model.
+    Spec("global_clip_current", "Global gradient-norm clipping by the step's own norm (E6, max_norm 25, about "
+         "1.3x the usual norm) on the backbone rule: a matrix of 16 x 24 with 30x gradient spikes on steps 5, "
+         "12 and 19 and 4x on step 20, each clipped as it comes.", (16, 24), BACKBONE, spiky, steps=24,
+         hyper={"lr": 0.01, **WD}, grad_clip=GradClip(25.0, "current")),
+    Spec("global_clip_previous", "Global gradient-norm clipping by the previous step's norm (E8, max_norm 25) "
+         "on the same inputs as global_clip_current: the first step is not clipped, each spike passes and the "
+         "step after it is scaled down by it.", (16, 24), BACKBONE, spiky, steps=24, hyper={"lr": 0.01, **WD},
+         grad_clip=GradClip(25.0, "previous")),
+    Spec("global_clip_previous_bf16_float8", "Clipping by the previous step's norm (E8, max_norm 40, about 1.25x "
+         "the usual norm) on a bf16 parameter with bf16 gradients and float8 momentum (E7): a matrix of 33 x 31 with spikes.", (33, 31),
+         BACKBONE_8BIT, spiky, steps=24, hyper={"lr": 0.01, **WD}, param_dtype="bf16", grad_dtype="bf16",
+         param_name="blocks.0.attn.o.weight", grad_clip=GradClip(40.0, "previous")),
     # 16-bit parameters.
     Spec("bf16_backbone_2d", "bf16 parameter, fp32 gradients, momentum + factored, weight decay 0.05 fused "
          "before one stochastic rounding, the library's default seed.", (16, 24), BACKBONE, skewed,
@@ -364,6 +388,13 @@ def state_tolerance(a):
 
 
 # ------------------------------------------------------------------ build
+def global_clip_steps(grads, clip):
+    """On how many steps the global-norm clip scales the gradients down."""
+    norms = [math.sqrt(float(np.sum(np.square(g.astype(np.float64))))) for g in grads]
+    seen = norms if clip.norm == "current" else [None] + norms[:-1]
+    return sum(1 for n in seen if n is not None and clip.max_norm / (n + 1e-6) < 1.0)
+
+
 def case_seed(base, name):
     return (base * 1_000_003 + zlib.crc32(name.encode())) % 2**63
 
@@ -385,9 +416,12 @@ def build(spec, base_seed=BASE_SEED):
         lrs = [float(x) for x in spec.lr_schedule(spec.steps, rng)]
     param_name = spec.param_name or spec.name
     store = Rounding(spec.rounding, spec.seed, philox.fnv1a32(param_name))
-    params, state, final = run(spec.rule, h, spec.shape, param0, grads, lrs, spec.param_dtype, store)
+    params, state, final = run(spec.rule, h, spec.shape, param0, grads, lrs, spec.param_dtype, store,
+                               spec.grad_clip)
     clip_note = (f" [RMS clipping active on {final.clipped_steps} of {spec.steps} steps.]" if spec.rule.clip
                  else " [no update clipping.]")
+    if spec.grad_clip is not None:
+        clip_note += f" [global-norm clip active on {global_clip_steps(grads, spec.grad_clip)} of {spec.steps} steps.]"
 
     settings = {"format": FORMAT, "description": spec.description + clip_note, "shape": list(spec.shape),
                 "steps": spec.steps,
@@ -408,6 +442,8 @@ def build(spec, base_seed=BASE_SEED):
             settings["rounding"].update({"seed": spec.seed, "stream": store.stream})
     if spec.grad_dtype != "f32":
         settings["grad_dtype"] = spec.grad_dtype
+    if spec.grad_clip is not None:
+        settings["grad_clip"] = {"max_norm": spec.grad_clip.max_norm, "norm": spec.grad_clip.norm}
     settings["tolerance"] = param_tolerance(params, spec.param_dtype)
     settings["state_tolerance"] = {k: state_tolerance(a) for k, a in state.items()}
     arrays = {"param0": param0, "grads": grads, "params": params, **state}

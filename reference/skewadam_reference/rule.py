@@ -355,14 +355,47 @@ def store_param(x, dtype, store, t):
     return rounding.to_f32(bits, dtype).reshape(x.shape)
 
 
-def run(rule, h, shape, param0, grads, lr_schedule, dtype="f32", store=Rounding()):
-    """Runs len(grads) steps from a fresh state. Returns (params after each
-    step, [steps, *shape] fp32; final state arrays, fp32, named as in a case
-    folder; the final TensorState)."""
+@dataclass(frozen=True)
+class GradClip:
+    """Global gradient-norm clipping (E6: norm "current"; E8: "previous")."""
+    max_norm: float
+    norm: str = "current"
+
+
+def grad_clip_scale(norm, max_norm):
+    """E6's factor, in double: min(max_norm / (norm + 1e-6), 1); 1 when the
+    norm is not finite (E8: or there is none)."""
+    if norm is None or not math.isfinite(norm):
+        return 1.0
+    return min(max_norm / (norm + 1e-6), 1.0)
+
+
+def clipped_grads(grads, clip):
+    """Each step's gradient as the step reads it: times the fp32 factor of
+    global-norm clipping (the one tensor's norm is the global norm). E6 clips
+    by the step's own norm; E8 by the norm the previous step left, none
+    before the first."""
+    if clip is None:
+        return [np.asarray(g, dtype=np.float32) for g in grads]
+    out, previous = [], None
+    for g in grads:
+        g = np.asarray(g, dtype=np.float32)
+        norm = math.sqrt(float(np.sum(np.square(g.astype(np.float64)))))
+        scale = grad_clip_scale(norm if clip.norm == "current" else previous, clip.max_norm)
+        out.append((g * np.float32(scale)).astype(np.float32))
+        previous = norm if math.isfinite(norm) else None
+    return out
+
+
+def run(rule, h, shape, param0, grads, lr_schedule, dtype="f32", store=Rounding(), clip=None):
+    """Runs len(grads) steps from a fresh state, clipping the gradients'
+    global norm as `clip` says (a GradClip, or None). Returns (params after
+    each step, [steps, *shape] fp32; final state arrays, fp32, named as in a
+    case folder; the final TensorState)."""
     state = TensorState.fresh(rule, tuple(shape))
     p = np.asarray(param0, dtype=np.float32)
     out = np.empty((len(grads),) + tuple(shape), dtype=np.float32)
-    for k, g in enumerate(grads):
+    for k, g in enumerate(clipped_grads(grads, clip)):
         hk = Hyper(**{**h.__dict__, "lr": lr_schedule[k]})
         p = step(rule, hk, state, p, g, dtype, store)
         out[k] = p

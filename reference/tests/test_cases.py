@@ -126,3 +126,49 @@ def test_generation_is_deterministic_and_another_seed_gives_other_data(tmp_path)
         assert cases.same_folder(tmp_path / "a" / n, GOLDEN / n) == []
         assert "grads.npy: differs" in cases.same_folder(tmp_path / "a" / n, tmp_path / "c" / n)
         assert passes(tmp_path / "c" / n)
+
+
+GLOBAL_CLIP = [d for d in cases.case_dirs(GOLDEN) if Case(d).grad_clip is not None]
+
+
+def test_the_project_has_cases_of_both_global_clip_norms():
+    assert {Case(d).grad_clip.norm for d in GLOBAL_CLIP} == {"current", "previous"}
+
+
+@pytest.mark.parametrize("case_dir", GLOBAL_CLIP, ids=lambda d: d.name)
+def test_a_case_run_with_the_other_norm_or_none_fails(case_dir):
+    """The global clip is checked sharply: the other norm, or no clip, fails
+    each clipping case (the spikes and the steps after them differ)."""
+    case = Case(case_dir)
+    other = "previous" if case.grad_clip.norm == "current" else "current"
+    for clip in (None, rule.GradClip(case.grad_clip.max_norm, other)):
+        case.grad_clip = clip
+        ok, _ = check_outputs(case, run_case(case))
+        assert not ok, f"{case.name} passed with grad_clip {clip}"
+
+
+def test_clipping_by_the_previous_norm_scales_each_step_by_the_last_steps_norm():
+    rng = np.random.default_rng(3)
+    grads = rng.standard_normal((5, 4, 6)).astype(np.float32)
+    grads[2] *= 50
+    norms = [float(np.sqrt(np.sum(g.astype(np.float64) ** 2))) for g in grads]
+    got = rule.clipped_grads(grads, rule.GradClip(10.0, "previous"))
+    assert np.array_equal(got[0], grads[0])  # no norm before the first step: not clipped
+    for k in range(1, 5):
+        factor = np.float32(min(10.0 / (norms[k - 1] + 1e-6), 1.0))
+        assert np.array_equal(got[k], grads[k] * factor)
+    assert not np.array_equal(got[3], grads[3]) and np.array_equal(got[2], grads[2])  # the spike passes, then bites
+    now = rule.clipped_grads(grads, rule.GradClip(10.0, "current"))
+    assert np.array_equal(now[2], grads[2] * np.float32(10.0 / (norms[2] + 1e-6)))
+
+
+def test_a_malformed_grad_clip_is_refused(tmp_path):
+    src = GOLDEN / "global_clip_previous"
+    for bad, words in (({"max_norm": -1}, "max_norm"), ({"max_norm": 1, "norm": "next"}, "grad_clip.norm"),
+                       ("25", "grad_clip")):
+        shutil.copytree(src, tmp_path / "c", dirs_exist_ok=True)
+        j = json.loads((tmp_path / "c" / "case.json").read_text())
+        j["grad_clip"] = bad
+        (tmp_path / "c" / "case.json").write_text(json.dumps(j))
+        with pytest.raises(cases.CaseError, match=words):
+            Case(tmp_path / "c")

@@ -56,6 +56,7 @@ TEST_CASE("golden cases pass on the GPU") {
   for (const fs::path& dir : cases) {
     const auto c = skewadam::tools::load_golden_case(dir);
     for (bool graph : {false, true}) {
+      if (graph && !c.capturable()) continue;  // clipping by the previous step's norm: no captured step (E8)
       CAPTURE(c.name);
       CAPTURE(graph);
       const auto run = skewadam::tools::run_golden_case_cuda(c, graph);

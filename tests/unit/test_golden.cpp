@@ -170,4 +170,24 @@ TEST_CASE("golden: a 16-bit case's values must be values of its dtype") {
   }
 }
 
+TEST_CASE("golden: a global-clip case fails with the other norm or without the clip") {
+  const std::vector<GoldenCase> clipped = golden_cases_where([](const GoldenCase& c) { return c.max_grad_norm > 0; });
+  REQUIRE(clipped.size() >= 2);
+  bool current = false, previous = false;
+  for (const GoldenCase& c : clipped) {
+    CAPTURE(c.name);
+    (c.clip_norm == ClipNorm::current ? current : previous) = true;
+    GoldenCase other = c, none = c;
+    other.clip_norm = c.clip_norm == ClipNorm::current ? ClipNorm::previous : ClipNorm::current;
+    none.max_grad_norm = 0;
+    for (const GoldenCase* wrong : {&other, &none}) {
+      bool all_ok = true;
+      for (const auto& r : check_golden_case(c, run_golden_case(*wrong, 1))) all_ok = all_ok && r.ok;
+      CHECK_FALSE(all_ok);
+    }
+  }
+  CHECK(current);
+  CHECK(previous);
+}
+
 }  // namespace test_golden

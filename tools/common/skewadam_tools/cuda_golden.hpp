@@ -28,6 +28,8 @@ inline CaseRun run_golden_case_cuda(const GoldenCase& c, bool graph = false) {
   s.nearest = c.rounding == CaseRounding::nearest;
   s.momentum = c.momentum_storage;
   s.seed = c.seed;
+  s.max_grad_norm = c.max_grad_norm;
+  s.clip_norm = c.clip_norm;
   s.hyper = c.hyper;
   s.lr = c.lr_schedule;
   s.steps = c.steps;

@@ -43,6 +43,9 @@ struct RunSpec {
   const void* param0 = nullptr;   ///< numel values of dtype
   const void* grads = nullptr;    ///< steps * numel values of the gradients' dtype
   bool graph = false;             ///< steps 2.. replay a CUDA graph captured from one step
+  /// Global gradient-norm clipping (docs/spec.md E6, E8): 0 off.
+  double max_grad_norm = 0;
+  ClipNorm clip_norm = ClipNorm::current;
 };
 
 struct RunResult {

@@ -39,7 +39,10 @@ RunResult run_steps_typed(const RunSpec& spec, typename R::stream_type stream) {
 
   auto go = [&]<class Rule>() {
     Optimizer<TierRules<Rule, Rule, Rule>, backend::CudaBackend<R>> opt(
-        spec.hyper, OptimizerOptions{.seed = spec.seed, .stream = static_cast<void*>(stream)});
+        spec.hyper, OptimizerOptions{.seed = spec.seed,
+                                     .max_grad_norm = spec.max_grad_norm,
+                                     .clip_norm = spec.clip_norm,
+                                     .stream = static_cast<void*>(stream)});
     const ParamId id = opt.add(spec.name, Tier::backbone, TensorView<T>(reinterpret_cast<T*>(p.data()), shape),
                                TensorView<const G>(reinterpret_cast<const G*>(g.data()), shape));
     std::optional<typename decltype(opt)::StepGraph> graph;

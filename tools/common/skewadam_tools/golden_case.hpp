@@ -160,6 +160,9 @@ struct GoldenCase {
   std::string param_name;  ///< the name the parameter is registered under: keys its rounding stream
   CaseRounding rounding = CaseRounding::stochastic;
   std::uint64_t seed = OptimizerOptions{}.seed;  ///< the stochastic-rounding seed
+  /// Global gradient-norm clipping (grad_clip; docs/spec.md E6, E8): 0 off.
+  double max_grad_norm = 0;
+  ClipNorm clip_norm = ClipNorm::current;
   Hyperparameters hyper;
   std::vector<double> lr_schedule;
   Tolerance tolerance;
@@ -173,8 +176,14 @@ struct GoldenCase {
     return n;
   }
   Shape tensor_shape() const { return Shape(shape.begin(), static_cast<index_t>(shape.size()), "case shape"); }
-  /// The optimizer options the case needs (its rounding seed), with `threads`.
-  OptimizerOptions options(int threads = 1) const { return OptimizerOptions{.seed = seed, .threads = threads}; }
+  /// The optimizer options the case needs (its rounding seed and gradient
+  /// clipping), with `threads`.
+  OptimizerOptions options(int threads = 1) const {
+    return OptimizerOptions{.seed = seed, .threads = threads, .max_grad_norm = max_grad_norm, .clip_norm = clip_norm};
+  }
+  /// Whether its steps can be captured as a CUDA graph and replayed (not
+  /// when clipping by the previous step's norm, E8).
+  bool capturable() const { return !(max_grad_norm > 0 && clip_norm == ClipNorm::previous); }
   /// The parameter before step 1, and every step's gradient, in their dtypes.
   TypedValues initial_param() const { return TypedValues(param_dtype, param0.data, (dir / "param0.npy").string()); }
   TypedValues typed_grads() const { return TypedValues(grad_dtype, grads.data, (dir / "grads.npy").string()); }
@@ -303,6 +312,15 @@ inline GoldenCase load_golden_case(const std::filesystem::path& dir) {
     validate(c.hyper, where + ": hyper");
     for (double lr : c.lr_schedule)
       if (!(lr >= 0) || !std::isfinite(lr)) throw CaseError(where + ": lr_schedule has an invalid value");
+    if (j.contains("grad_clip")) {
+      const auto& g = j["grad_clip"];
+      if (!g.is_object() || !g.contains("max_norm") || !g["max_norm"].is_number())
+        throw CaseError(where + ": grad_clip must be {\"max_norm\": number, \"norm\": \"current\" or \"previous\"}");
+      c.max_grad_norm = g["max_norm"].get<double>();
+      if (!(c.max_grad_norm > 0) || !std::isfinite(c.max_grad_norm))
+        throw CaseError(where + ": grad_clip.max_norm must be finite and > 0");
+      c.clip_norm = parse_clip_norm(g.value("norm", "current"), where + ": grad_clip.norm");
+    }
     c.tolerance = detail::parse_tolerance(j.at("tolerance"), where + ": tolerance", c.param_dtype != Dtype::f32);
     if (j.contains("state_tolerance"))
       for (auto& [k, v] : j["state_tolerance"].items())
