@@ -7,6 +7,7 @@ the parameters' own memory (CPU, or one CUDA device), with no copy of
 parameters or gradients.
 """
 
+import math
 import numbers
 import os
 import weakref
@@ -165,6 +166,10 @@ class TieredOptimizer(torch.optim.Optimizer):
         max_grad_norm: None or 0 (off), or clip the global gradient norm to
             this before every step (as torch.nn.utils.clip_grad_norm_, without
             writing the gradients).
+        clip_norm: which norm max_grad_norm clips by: "current" (this step's,
+            exactly as clip_grad_norm_) or "previous" (the previous step's,
+            taken as each gradient is stepped: what the step inside backward
+            can clip by; docs/spec.md E8).
         nonfinite: a step with a NaN or infinite gradient is skipped as a
             whole ("skip", last_step() says which), raises
             NonFiniteGradientError ("raise"), or is not checked ("unchecked").
@@ -186,8 +191,8 @@ class TieredOptimizer(torch.optim.Optimizer):
     _engine_type = None  # the compiled engine, set by each subclass
 
     def __init__(self, named_parameters, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 clip_threshold=1.0, clip_scope="tensor", max_grad_norm=None, nonfinite="skip", seed=0x5EED5EED,
-                 tier_rules=(), per_tier=None, threads=None):
+                 clip_threshold=1.0, clip_scope="tensor", max_grad_norm=None, clip_norm="current", nonfinite="skip",
+                 seed=0x5EED5EED, tier_rules=(), per_tier=None, threads=None):
         if type(self)._engine_type is None:
             raise TypeError("TieredOptimizer is abstract: use SkewAdam, AdamW, AdafactorLike, UniformAblation, "
                             "ExpertMomentumAblation, FactoredRouterAblation or ExactExpertsAblation")
@@ -210,6 +215,7 @@ class TieredOptimizer(torch.optim.Optimizer):
                     tiers[tier][key] = tuple(value) if key == "betas" and isinstance(value, (tuple, list)) else value
         hyper = [_hyper_tuple(tiers[t], f"{t}.") for t in TIERS]
         norm = 0.0 if max_grad_norm is None else _number(max_grad_norm, "max_grad_norm", "")
+        _string(clip_norm, "clip_norm")
         _string(nonfinite, "nonfinite")
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**64:
             raise TypeError(f"seed: expected an integer in [0, 2**64), got {seed!r}")
@@ -223,7 +229,7 @@ class TieredOptimizer(torch.optim.Optimizer):
         if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or not -2**31 <= threads < 2**31:
             raise TypeError(f"threads: expected an integer, got {threads!r}")
 
-        self._engine = type(self)._engine_type(named, rules, hyper, norm, nonfinite, int(seed), int(threads))
+        self._engine = type(self)._engine_type(named, rules, hyper, norm, clip_norm, nonfinite, int(seed), int(threads))
         tensors = {}
         for name, tensor in named:
             tensors.setdefault(name, tensor)
@@ -265,8 +271,10 @@ class TieredOptimizer(torch.optim.Optimizer):
         holds a gradient and ends the optimizer step. The bits are those of
         the plain step().
 
-        Refused here, before any backward: global-norm clipping
-        (max_grad_norm needs every gradient), and parameters another live
+        Refused here, before any backward: global-norm clipping by the
+        current norm (max_grad_norm with clip_norm="current" needs every
+        gradient; clip_norm="previous" clips inside backward), and parameters
+        another live
         optimizer already steps inside backward. Frozen parameters
         (requires_grad=False) are left alone, as torch's optimizers leave
         them. A non-finite gradient skips its own tensor alone (last_step()
@@ -388,8 +396,10 @@ class TieredOptimizer(torch.optim.Optimizer):
         """The complete state, keyed by parameter name:
         {"state": {name: {"step", "m", "v", "v_row", "v_col"}},
          "param_groups": [{"tier", "lr", ..., "params": [names]}],
-         "skewadam": {"format", "optimizer", "rules", "seed", "steps",
+         "skewadam": {"format", "optimizer", "rules", "seed", "steps", "previous_grad_norm",
                       "parameters": {name: {"tier", "dtype", "shape", "rounding_stream"}}}}.
+        previous_grad_norm is the norm the next step clips by under
+        clip_norm="previous" (NaN: none).
         The arrays are float32 CPU copies in their logical shapes."""
         exported = self._engine.export_state()
         state, described = {}, {}
@@ -407,7 +417,7 @@ class TieredOptimizer(torch.optim.Optimizer):
         return {"state": state, "param_groups": groups,
                 "skewadam": {"format": STATE_FORMAT, "optimizer": type(self).__name__,
                              "rules": self._engine.rules(), "seed": exported["seed"], "steps": exported["steps"],
-                             "parameters": described}}
+                             "previous_grad_norm": exported["previous_grad_norm"], "parameters": described}}
 
     def load_state_dict(self, state_dict):
         """Loads what state_dict() returned (of an optimizer of the same class
@@ -464,6 +474,9 @@ class TieredOptimizer(torch.optim.Optimizer):
             v = meta.get(key)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
                 raise ValueError(f"state_dict['skewadam']['{key}']: {v!r} (expected an integer >= 0)")
+        previous = meta.get("previous_grad_norm", math.nan)  # a state_dict saved before it existed: none
+        if isinstance(previous, bool) or not isinstance(previous, numbers.Real):
+            raise ValueError(f"state_dict['skewadam']['previous_grad_norm']: {previous!r} (expected a number)")
         entries = []
         for name in self._names:
             s, stream = state[name], params[name].get("rounding_stream")
@@ -480,7 +493,8 @@ class TieredOptimizer(torch.optim.Optimizer):
                 if entry[key] is not None and not isinstance(entry[key], torch.Tensor):
                     raise TypeError(f"state of '{name}'.{key}: expected a tensor, got {type(entry[key]).__name__}")
             entries.append(entry)
-        self._engine.import_state(int(meta["steps"]), int(meta["seed"]), hyper, entries)  # all or nothing
+        self._engine.import_state(int(meta["steps"]), int(meta["seed"]), hyper, entries,
+                                  float(previous))  # all or nothing
         for group, saved in zip(self.param_groups, groups):
             for key, value in saved.items():
                 if key != "params":

@@ -212,6 +212,7 @@ class EngineBase {
     py::dict out;
     out["steps"] = s.steps;
     out["seed"] = s.seed;
+    out["previous_grad_norm"] = s.previous_grad_norm;
     out["hyper"] = hyper;
     out["params"] = params;
     return out;
@@ -220,10 +221,11 @@ class EngineBase {
   /// Replaces the complete state; `params` as export_state() gives them, in
   /// registration order. All or nothing.
   void import_state(std::int64_t steps, std::uint64_t seed, const std::vector<HyperTuple>& hyper,
-                    const py::list& params) {
+                    const py::list& params, double previous_grad_norm) {
     OptimizerState s;
     s.steps = steps;
     s.seed = seed;
+    s.previous_grad_norm = previous_grad_norm;
     const PerTier<Hyperparameters> h = per_tier_of(hyper);
     for (Tier t : all_tiers) s.hyperparameters[static_cast<std::size_t>(tier_index(t))] = h[t];
     const std::vector<std::string> names = opt_.names();
@@ -275,7 +277,8 @@ class EngineBase {
   /// The adapter's options from what Python passes.
   static libtorch::Options options(const std::vector<std::pair<std::string, std::string>>& tier_rules,
                                    const std::vector<HyperTuple>& hyper, double max_grad_norm,
-                                   const std::string& nonfinite, std::uint64_t seed, int threads) {
+                                   const std::string& clip_norm, const std::string& nonfinite, std::uint64_t seed,
+                                   int threads) {
     libtorch::Options o;
     o.hyperparameters = per_tier_of(hyper);
     std::vector<TierRule> rules;
@@ -285,6 +288,7 @@ class EngineBase {
     }
     o.tier_rules = TierAssigner(std::move(rules));
     o.max_grad_norm = max_grad_norm;
+    o.clip_norm = parse_clip_norm(clip_norm, "clip_norm");
     o.nonfinite = policy_of(nonfinite);
     o.seed = seed;
     o.threads = threads;
@@ -308,9 +312,10 @@ class Engine : public EngineBase {
  public:
   Engine(const std::vector<std::pair<std::string, at::Tensor>>& named,
          const std::vector<std::pair<std::string, std::string>>& tier_rules, const std::vector<HyperTuple>& hyper,
-         double max_grad_norm, const std::string& nonfinite, std::uint64_t seed, int threads)
+         double max_grad_norm, const std::string& clip_norm, const std::string& nonfinite, std::uint64_t seed,
+         int threads)
       : EngineBase(std::make_unique<libtorch::Optimizer<Tiers>>(
-            named, options(tier_rules, hyper, max_grad_norm, nonfinite, seed, threads))) {}
+            named, options(tier_rules, hyper, max_grad_norm, clip_norm, nonfinite, seed, threads))) {}
 };
 
 /// Binds EngineBase, once, as the Python class Engine of module m.
@@ -323,9 +328,9 @@ void bind_engine(py::module_& m, const char* name) {
   py::class_<Engine<Tiers>, EngineBase>(m, name)
       .def(py::init<const std::vector<std::pair<std::string, at::Tensor>>&,
                     const std::vector<std::pair<std::string, std::string>>&, const std::vector<HyperTuple>&, double,
-                    const std::string&, std::uint64_t, int>(),
+                    const std::string&, const std::string&, std::uint64_t, int>(),
            py::arg("named_parameters"), py::arg("tier_rules"), py::arg("hyper"), py::arg("max_grad_norm"),
-           py::arg("nonfinite"), py::arg("seed"), py::arg("threads"));
+           py::arg("clip_norm"), py::arg("nonfinite"), py::arg("seed"), py::arg("threads"));
 }
 
 }  // namespace skewadam::python

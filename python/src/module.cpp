@@ -34,7 +34,8 @@ void bind_engine_base(py::module_& m) {
       .def("param_state", &E::param_state, py::arg("name"))
       .def("momentum", &E::momentum, py::arg("name"))
       .def("export_state", &E::export_state)
-      .def("import_state", &E::import_state, py::arg("steps"), py::arg("seed"), py::arg("hyper"), py::arg("params"))
+      .def("import_state", &E::import_state, py::arg("steps"), py::arg("seed"), py::arg("hyper"), py::arg("params"),
+           py::arg("previous_grad_norm"))
       .def("save_checkpoint", &E::save_checkpoint, py::arg("path"), py::arg("hyper"), py::arg("include_params"))
       .def("load_checkpoint", &E::load_checkpoint, py::arg("path"))
       .def("hyperparameters", &E::hyperparameters);

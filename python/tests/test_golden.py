@@ -53,9 +53,11 @@ def run_case(case, device):
     dtype = DTYPES[case.param_dtype]
     param = torch.tensor(case.array("param0"), device=device).to(dtype)
     grads = torch.tensor(case.array("grads"), device=device).to(dtype)
+    clip = {} if case.grad_clip is None else {"max_grad_norm": case.grad_clip.max_norm,
+                                              "clip_norm": case.grad_clip.norm}
     opt = variant({case.param_name: param}, lr=h.lr, betas=(h.beta1, h.beta2), eps=h.eps,
                   weight_decay=h.weight_decay, clip_threshold=h.clip_threshold, clip_scope=h.clip_scope,
-                  seed=case.rounding.seed, tier_rules=[(".*", tier)], threads=2)
+                  seed=case.rounding.seed, tier_rules=[(".*", tier)], threads=2, **clip)
     group = next(g for g in opt.param_groups if g["tier"] == tier)
     params = []
     for t in range(case.steps):

@@ -267,3 +267,36 @@ def test_a_ddp_module_is_refused_as_it_reduces_gradients_after_backward(tmp_path
         assert opt.steps == 1
     finally:
         dist.destroy_process_group()
+
+
+def test_clipping_by_the_previous_norm_gives_the_plain_steps_bits_and_resumes(hook_path, device):
+    """clip_norm="previous" (docs/spec.md E8): the step inside backward
+    clips, with the plain step's bits; state_dict carries the norm."""
+    plain_model, model, resumed_model = TinyMoE(device=device), TinyMoE(device=device), TinyMoE(device=device)
+    plain = skewadam.SkewAdam(plain_model.named_parameters(), lr=1e-2, max_grad_norm=0.05, clip_norm="previous")
+    opt = skewadam.SkewAdam(model.named_parameters(), lr=1e-2, max_grad_norm=0.05, clip_norm="previous")
+    opt.step_in_backward()  # accepted: clipping by the previous norm needs no other gradient
+    train_both(plain_model, plain, model, opt, range(3), device)
+    assert same(plain_model, plain, model, opt)
+    saved = opt.state_dict()
+    norm = saved["skewadam"]["previous_grad_norm"]
+    assert norm > 0.05  # the clip bites on the next step
+    resumed_model.load_state_dict(model.state_dict())
+    resumed = skewadam.SkewAdam(resumed_model.named_parameters(), lr=1e-2, max_grad_norm=0.05,
+                                clip_norm="previous")
+    resumed.load_state_dict(saved)
+    assert resumed.state_dict()["skewadam"]["previous_grad_norm"] == norm
+    resumed.step_in_backward()
+    train_both(plain_model, plain, resumed_model, resumed, range(3, 5), device)
+    assert same(plain_model, plain, resumed_model, resumed)
+    # the clip changed the steps: without it, other bits
+    unclipped_model = TinyMoE(device=device)
+    unclipped = skewadam.SkewAdam(unclipped_model.named_parameters(), lr=1e-2)
+    for t in range(5):
+        plain_step(unclipped_model, unclipped, t, device)
+    assert not same(plain_model, plain, unclipped_model, unclipped)
+    bad = dict(saved, skewadam=dict(saved["skewadam"], previous_grad_norm=-1.0))
+    with pytest.raises(ValueError, match="previous_grad_norm"):
+        resumed.load_state_dict(bad)
+    with pytest.raises(ValueError, match="clip_norm"):
+        skewadam.SkewAdam(model.named_parameters(), max_grad_norm=1.0, clip_norm="next")

@@ -16,6 +16,7 @@
 
 #include <limits>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -139,6 +140,49 @@ TEST_CASE_TEMPLATE("the step inside backward gives the plain step's bits and fre
   inside.step();
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(same_bits(a[i].second.detach(), b[i].second.detach()));
   CHECK(inside.steps() == plain.steps());
+}
+
+TEST_CASE("clipping by the previous step's norm steps inside backward with the plain step's bits, and resumes") {
+  Named a = leaf_params();
+  Named b = leaf_clone(a);
+  skewadam::libtorch::Options o = test_options();
+  o.max_grad_norm = 1e-3;  // bites on every step after the first
+  o.clip_norm = skewadam::ClipNorm::previous;
+  skewadam::libtorch::SkewAdam plain(a, o);
+  auto inside = std::make_unique<skewadam::libtorch::SkewAdam>(b, o);
+  CHECK(inside->clip_norm() == skewadam::ClipNorm::previous);
+  inside->step_in_backward();  // accepted
+  auto step_both = [&](skewadam::libtorch::SkewAdam& in, int k) {
+    const std::vector<torch::Tensor> g = grads_for_step(a, k);
+    set_grads(a, g);
+    plain.step();
+    loss_with_grads(b, g).backward();
+    in.step();
+    CHECK(in.last_step().applied);
+  };
+  for (int k = 1; k <= 3; ++k) step_both(*inside, k);
+  check_same(a, plain, b, *inside);
+  // through torch's archive: the norm the next step clips by comes back
+  torch::serialize::OutputArchive out;
+  inside->save(out);
+  std::stringstream bytes;
+  out.save_to(bytes);
+  inside.reset();
+  skewadam::libtorch::SkewAdam resumed(b, o);
+  torch::serialize::InputArchive in;
+  in.load_from(bytes);
+  resumed.load(in);
+  resumed.step_in_backward();
+  for (int k = 4; k <= 5; ++k) step_both(resumed, k);
+  check_same(a, plain, b, resumed);
+  // and the clip changed the steps
+  Named c = leaf_clone(leaf_params());
+  skewadam::libtorch::SkewAdam unclipped(c, test_options());
+  for (int k = 1; k <= 5; ++k) {
+    set_grads(c, grads_for_step(c, k));
+    unclipped.step();
+  }
+  CHECK_FALSE(same_bits(c[0].second.detach(), a[0].second.detach()));
 }
 
 TEST_CASE("the step inside backward refuses global-norm clipping, and its hooks go with the optimizer") {

@@ -158,7 +158,8 @@ class OptimizerBase : public ::torch::optim::Optimizer {
         makers_(&makers),
         tiers_(&tiers),
         rules_(std::move(options.tier_rules)),
-        max_grad_norm_(skewadam::detail::checked_max_grad_norm(options.max_grad_norm, "Options.max_grad_norm")) {
+        max_grad_norm_(skewadam::detail::checked_max_grad_norm(options.max_grad_norm, "Options.max_grad_norm")),
+        clip_norm_(skewadam::detail::checked_clip_norm(options.clip_norm, "Options.clip_norm")) {
     for (Tier t : all_tiers)
       validate(options.hyperparameters[t], "Options.hyperparameters." + std::string(tier_name(t)));
     device_ = device_of(named_parameters);
@@ -267,8 +268,10 @@ class OptimizerBase : public ::torch::optim::Optimizer {
   /// of the plain step().
   ///
   /// - What needs every gradient is refused here, up front
-  ///   (std::invalid_argument: max_grad_norm, a pending clip scale), and a
-  ///   parameter another optimizer already steps inside backward.
+  ///   (std::invalid_argument: max_grad_norm by the current norm, a pending
+  ///   clip scale), and a parameter another optimizer already steps inside
+  ///   backward. Options::clip_norm = ClipNorm::previous clips by the
+  ///   previous step's norm instead, inside backward.
   /// - Frozen parameters (requires_grad false) are left alone, as torch's
   ///   optimizers leave them.
   /// - Non-finite gradients skip their own tensor alone (last_step() after
@@ -321,7 +324,7 @@ class OptimizerBase : public ::torch::optim::Optimizer {
   /// raised part way, else as completed. last_step() then reports it.
   void end_open_step() { close_open_step(); }
   /// Throws what step_in_backward() refuses up front (std::invalid_argument):
-  /// what needs every gradient (max_grad_norm, a pending clip scale); a
+  /// what needs every gradient (max_grad_norm by the current norm, a pending clip scale); a
   /// parameter another optimizer already steps inside backward; a parameter
   /// whose gradient is reduced between processes after backward completes
   /// it (a DistributedDataParallel module's: its reducer's hook on the
@@ -447,6 +450,7 @@ class OptimizerBase : public ::torch::optim::Optimizer {
     for (Tier t : all_tiers) group_options(t).set_lr(lr);
   }
   double max_grad_norm() const noexcept { return max_grad_norm_; }
+  ClipNorm clip_norm() const noexcept { return clip_norm_; }
   std::uint64_t seed() const noexcept { return core_->seed(); }
   /// Steps taken so far (on a device, read when asked).
   std::int64_t steps() const { return core_->steps(); }
@@ -734,7 +738,7 @@ class OptimizerBase : public ::torch::optim::Optimizer {
   std::unique_ptr<Core> make_core(const Options& options) {
     const skewadam::OptimizerOptions o{
         .seed = options.seed, .threads = options.threads, .nonfinite = options.nonfinite,
-        .max_grad_norm = options.max_grad_norm};
+        .max_grad_norm = options.max_grad_norm, .clip_norm = options.clip_norm};
     const std::string type = c10::DeviceTypeName(device_.type(), /*lower_case=*/true);
 #if SKEWADAM_TORCH_DISTRIBUTED
     if (options.process_group) {
@@ -856,6 +860,7 @@ class OptimizerBase : public ::torch::optim::Optimizer {
   const TierTable* tiers_;
   TierAssigner rules_;
   double max_grad_norm_ = 0.0;
+  ClipNorm clip_norm_ = ClipNorm::current;
   at::Device device_ = at::Device(at::kCPU);
   std::vector<Param> params_;
   std::unordered_map<const void*, std::size_t> by_impl_;

@@ -20,6 +20,7 @@
 #endif
 #endif
 
+#include "../engine/grad_norm_clip.hpp"
 #include "../engine/nonfinite.hpp"
 #include "../engine/placement/shard_plan.hpp"
 #include "../math/hyperparameters.hpp"
@@ -41,6 +42,10 @@ struct Options {
   /// > 0: clip the global gradient norm to this before every step, as
   /// torch::nn::utils::clip_grad_norm_ would, without writing the gradients.
   double max_grad_norm = 0.0;
+  /// Which norm max_grad_norm clips by: this step's (exact; not inside
+  /// backward) or the previous step's, which the step inside backward can
+  /// clip by (engine/grad_norm_clip.hpp, docs/spec.md E8).
+  ClipNorm clip_norm = ClipNorm::current;
   /// Stochastic-rounding seed of bf16/fp16 parameters.
   std::uint64_t seed = 0x5eed5eedULL;
   /// Threads of the optimizer step; 0: OpenMP's default.
