@@ -345,10 +345,11 @@ class OptimizerBase : public TierSettings {
   /// ClipNorm::previous (E8, grad_norm_clip.hpp): by the norm of the
   /// previous step's gradients, taken as each tensor is stepped, so that the
   /// step inside backward can clip; it gives the same bits there as in the
-  /// whole step(). The first step after a step taken without it is not
-  /// clipped. On a device backend each stepped tensor's sum of g^2 is read
-  /// back (a wait per tensor). Not for a captured step (its scale would be
-  /// the capture's).
+  /// whole step(). With no norm yet (the first step under it, or the first
+  /// after a step without it) a step measures the norm and changes nothing
+  /// else: last_step().measured. On a device backend each stepped tensor's
+  /// sum of g^2 is read back (a wait per tensor). Not for a captured step
+  /// (its scale would be the capture's).
   void set_max_grad_norm(double max_norm, ClipNorm norm = ClipNorm::current) {
     check_no_open_step("set_max_grad_norm");
     const double checked = detail::checked_max_grad_norm(max_norm);
@@ -388,9 +389,19 @@ class OptimizerBase : public TierSettings {
     gather_items();
     const StepSettings st = settings(h);
     if (clips_by_previous_norm()) {
+      const bool measuring = measures_norm();
       carried_.begin(entries_.size());
-      for (const StepItem& it : items_)
-        carried_.record(static_cast<std::size_t>(it.index), engine_.grad_sum_squares(std::span(&it, 1)));
+      for (const StepItem& it : items_) {
+        const double sum = engine_.grad_sum_squares(std::span(&it, 1));
+        if (!measuring || std::isfinite(sum)) carried_.record(static_cast<std::size_t>(it.index), sum);
+      }
+      if (measuring) {  // no norm yet: this step measures it, and changes nothing else
+        carried_.end(by_name());
+        last_ = StepReport{.applied = false, .measured = true};
+        last_.stepped = static_cast<index_t>(items_.size());
+        last_known_ = true;
+        return;
+      }
     }
     engine_.step(items_, nonfinite_, st);
     stepped();
@@ -471,8 +482,18 @@ class OptimizerBase : public TierSettings {
     st.counts_step = false;
     const bool previous = clips_by_previous_norm();
     if (!inside_.open()) {
-      engine_.begin_open_step(nonfinite_);
+      measuring_ = measures_norm();
+      if (!measuring_) engine_.begin_open_step(nonfinite_);
       if (previous) carried_.begin(entries_.size());
+    }
+    if (measuring_) {  // no norm yet: this step measures it, and changes nothing else
+      if (e.param.numel() > 0) {
+        const StepItem one = item(i);
+        const double sum = engine_.grad_sum_squares(std::span(&one, 1));
+        if (std::isfinite(sum)) carried_.record(i, sum);
+      }
+      inside_.stepped_one(i, entries_.size(), number, st);
+      return;
     }
     double sum_squares = 0.0;
     if (e.param.numel() > 0) {
@@ -520,6 +541,18 @@ class OptimizerBase : public TierSettings {
   /// Sharded: collective. std::logic_error when no step is open.
   StepReport finish_step(StepEnd how = StepEnd::completed) {
     if (!inside_.open()) throw std::logic_error("finish_step: no step is open (step(ParamId) opens one)");
+    if (measuring_) {  // it measured the norm: nothing to count
+      carried_.end(by_name());
+      last_ = StepReport{.applied = false, .interrupted = how == StepEnd::interrupted, .measured = true};
+      for (std::size_t i = 0; i < entries_.size(); ++i) {
+        if (inside_.stepped(i)) ++last_.stepped;
+        else last_.not_stepped.push_back(entries_[i].name);
+      }
+      last_known_ = true;
+      inside_.close();
+      measuring_ = false;
+      return last_;
+    }
     const OpenVerdicts v = engine_.open_verdicts();
     StepSettings st = inside_.settings();
     st.counts_step = true;
@@ -760,6 +793,9 @@ class OptimizerBase : public TierSettings {
     }
     return st;
   }
+  /// Whether the next step, clipping by the previous step's norm, has none
+  /// and so measures it (E8).
+  bool measures_norm() const noexcept { return clips_by_previous_norm() && std::isnan(carried_.norm()); }
   /// Every parameter's index, in the order of their names (E8's sum).
   std::span<const std::size_t> by_name() {
     if (by_name_.size() != entries_.size()) {
@@ -872,6 +908,7 @@ class OptimizerBase : public TierSettings {
   ClipNorm clip_norm_ = ClipNorm::current;
   CarriedNorm carried_;  ///< the norm of the last step under ClipNorm::previous (E8)
   std::vector<std::size_t> by_name_;  ///< by_name()'s, once the parameters are all registered
+  bool measuring_ = false;            ///< the open step inside backward measures the norm (E8)
   mutable double last_norm_ = std::numeric_limits<double>::quiet_NaN();
   mutable bool last_norm_known_ = true;
   /// Reused by every step; grows with the number of tensors, never with their size.

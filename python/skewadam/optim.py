@@ -33,13 +33,15 @@ class StepReport:
     the offending tensors alone (``skipped`` counts them), and reports
     ``stepped`` (tensors it took) and ``not_stepped`` (the parameters no
     gradient reached, by name); ``interrupted`` is True when its backward
-    raised part way, the tensors stepped before staying stepped."""
+    raised part way, the tensors stepped before staying stepped. ``measured``
+    is True (and ``applied`` False) for a step that only measured the global
+    norm the next one clips by (clip_norm="previous" with none before it)."""
 
     __slots__ = ("applied", "name", "element", "value", "message", "interrupted", "stepped", "not_stepped",
-                 "skipped")
+                 "skipped", "measured")
 
     def __init__(self, applied, name, element, value, message, interrupted=False, stepped=0, not_stepped=(),
-                 skipped=0):
+                 skipped=0, measured=False):
         self.applied = applied
         self.name = name
         self.element = element
@@ -49,6 +51,7 @@ class StepReport:
         self.stepped = stepped
         self.not_stepped = list(not_stepped)
         self.skipped = skipped
+        self.measured = measured
 
     def __bool__(self):
         return self.applied

@@ -119,12 +119,15 @@ class EngineBase {
   void check_step_inside_backward() const { opt_.check_step_inside_backward(); }
 
   /// (applied, name, element, value, message, interrupted, stepped,
-  /// not_stepped, skipped) of the last step.
+  /// not_stepped, skipped, measured) of the last step.
   using ReportTuple = std::tuple<bool, std::optional<std::string>, std::int64_t, double, std::string, bool,
-                                 std::int64_t, std::vector<std::string>, std::int64_t>;
+                                 std::int64_t, std::vector<std::string>, std::int64_t, bool>;
   ReportTuple last_step() const {
     const StepReport& r = opt_.last_step();
     std::string message = r.applied ? "applied" : "skipped";
+    if (r.measured)
+      message = "measured the global gradient norm that the next step clips by (clip_norm=\"previous\" had none): "
+                "nothing updated";
     std::optional<std::string> name;
     std::int64_t element = -1;
     double value = 0.0;
@@ -140,7 +143,7 @@ class EngineBase {
       message += "; backward raised part way: " + std::to_string(r.stepped) + " tensors stepped, " +
                  std::to_string(r.not_stepped.size()) + " not";
     return {r.applied, name, element, value, message, r.interrupted, static_cast<std::int64_t>(r.stepped),
-            r.not_stepped, static_cast<std::int64_t>(r.skipped)};
+            r.not_stepped, static_cast<std::int64_t>(r.skipped), r.measured};
   }
 
   std::vector<std::string> names() const { return opt_.names(); }

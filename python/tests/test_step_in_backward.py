@@ -276,7 +276,16 @@ def test_clipping_by_the_previous_norm_gives_the_plain_steps_bits_and_resumes(ho
     plain = skewadam.SkewAdam(plain_model.named_parameters(), lr=1e-2, max_grad_norm=0.05, clip_norm="previous")
     opt = skewadam.SkewAdam(model.named_parameters(), lr=1e-2, max_grad_norm=0.05, clip_norm="previous")
     opt.step_in_backward()  # accepted: clipping by the previous norm needs no other gradient
-    train_both(plain_model, plain, model, opt, range(3), device)
+    # the first step has no norm before it: it measures it, and updates nothing
+    before = bits(model)
+    plain_step(plain_model, plain, 0, device)
+    opt.zero_grad()
+    loss_of(model, 0, device).backward()
+    opt.step()
+    for o in (plain, opt):
+        assert o.last_step().measured and not o.last_step().applied and o.steps == 0
+    assert all(torch.equal(before[k], v) for k, v in bits(model).items())
+    train_both(plain_model, plain, model, opt, range(1, 3), device)
     assert same(plain_model, plain, model, opt)
     saved = opt.state_dict()
     norm = saved["skewadam"]["previous_grad_norm"]

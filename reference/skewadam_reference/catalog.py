@@ -315,8 +315,8 @@ SPECS = [
          "12 and 19 and 4x on step 20, each clipped as it comes.", (16, 24), BACKBONE, spiky, steps=24,
          hyper={"lr": 0.01, **WD}, grad_clip=GradClip(25.0, "current")),
     Spec("global_clip_previous", "Global gradient-norm clipping by the previous step's norm (E8, max_norm 25) "
-         "on the same inputs as global_clip_current: the first step is not clipped, each spike passes and the "
-         "step after it is scaled down by it.", (16, 24), BACKBONE, spiky, steps=24, hyper={"lr": 0.01, **WD},
+         "on the same inputs as global_clip_current: the first step only measures the norm (params[0] is param0), "
+         "each spike passes and the step after it is scaled down by it.", (16, 24), BACKBONE, spiky, steps=24, hyper={"lr": 0.01, **WD},
          grad_clip=GradClip(25.0, "previous")),
     Spec("global_clip_previous_bf16_float8", "Clipping by the previous step's norm (E8, max_norm 40, about 1.25x "
          "the usual norm) on a bf16 parameter with bf16 gradients and float8 momentum (E7): a matrix of 33 x 31 with spikes.", (33, 31),

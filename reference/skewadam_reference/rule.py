@@ -373,16 +373,19 @@ def grad_clip_scale(norm, max_norm):
 def clipped_grads(grads, clip):
     """Each step's gradient as the step reads it: times the fp32 factor of
     global-norm clipping (the one tensor's norm is the global norm). E6 clips
-    by the step's own norm; E8 by the norm the previous step left, none
-    before the first."""
+    by the step's own norm; E8 by the norm the previous step left, and a step
+    with none only measures it: its entry is None (no update)."""
     if clip is None:
         return [np.asarray(g, dtype=np.float32) for g in grads]
     out, previous = [], None
     for g in grads:
         g = np.asarray(g, dtype=np.float32)
         norm = math.sqrt(float(np.sum(np.square(g.astype(np.float64)))))
-        scale = grad_clip_scale(norm if clip.norm == "current" else previous, clip.max_norm)
-        out.append((g * np.float32(scale)).astype(np.float32))
+        if clip.norm == "previous" and previous is None:
+            out.append(None)  # measured, not applied
+        else:
+            scale = grad_clip_scale(norm if clip.norm == "current" else previous, clip.max_norm)
+            out.append((g * np.float32(scale)).astype(np.float32))
         previous = norm if math.isfinite(norm) else None
     return out
 
@@ -396,8 +399,9 @@ def run(rule, h, shape, param0, grads, lr_schedule, dtype="f32", store=Rounding(
     p = np.asarray(param0, dtype=np.float32)
     out = np.empty((len(grads),) + tuple(shape), dtype=np.float32)
     for k, g in enumerate(clipped_grads(grads, clip)):
-        hk = Hyper(**{**h.__dict__, "lr": lr_schedule[k]})
-        p = step(rule, hk, state, p, g, dtype, store)
+        if g is not None:  # (None: a step that only measured the norm, E8)
+            hk = Hyper(**{**h.__dict__, "lr": lr_schedule[k]})
+            p = step(rule, hk, state, p, g, dtype, store)
         out[k] = p
     names = {"m": "exp_avg", "v": "v", "v_row": "v_row", "v_col": "v_col"}
     b, r, c = matrices(tuple(shape))

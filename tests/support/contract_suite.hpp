@@ -858,19 +858,32 @@ TEST_CASE_TEMPLATE("contract: clipping by the previous step's norm is the whole 
   CHECK(whole->clips_by_previous_norm());
   inside->check_step_inside_backward();  // accepted: nothing needs every gradient
   CHECK(std::isnan(whole->previous_grad_norm()));
+  const Observed fresh = Observed::take(a, *whole);
   for (std::int64_t t = 1; t <= 5; ++t) {
     CAPTURE(t);
     const double before = whole->previous_grad_norm();
-    const double scale = t == 1 ? 1.0 : max_norm / (before + 1e-6);
-    if (t > 1) CHECK(scale < 1.0);
-    set_grads(c, *scaled, ic, t);
-    for (fixture::Tensor& x : c.tensors)
-      for (float& g : x.g32) g *= static_cast<float>(scale);
-    scaled->step();
+    if (t > 1) {  // the first step, with no norm before it, only measures it
+      const double scale = max_norm / (before + 1e-6);
+      CHECK(scale < 1.0);
+      set_grads(c, *scaled, ic, t);
+      for (fixture::Tensor& x : c.tensors)
+        for (float& g : x.g32) g *= static_cast<float>(scale);
+      scaled->step();
+    }
     a.train(*whole, ia, t - 1, t);
     const StepReport r = step_in_backward(b, *inside, ib, t);
-    CHECK(r.applied);
-    CHECK(whole->last_step().applied);
+    CHECK(r.applied == (t > 1));
+    CHECK(r.measured == (t == 1));
+    CHECK(whole->last_step().applied == (t > 1));
+    CHECK(whole->last_step().measured == (t == 1));
+    if (t == 1) {
+      const auto with_grad = std::count_if(b.tensors.begin(), b.tensors.end(),
+                                           [](const fixture::Tensor& x) { return 1 % x.grad_every == 0; });
+      CHECK(r.stepped == static_cast<index_t>(with_grad));
+      CHECK(whole->steps() == 0);
+      CHECK(inside->steps() == 0);
+      CHECK(Observed::take(a, *whole) == fresh);  // nothing updated or counted
+    }
     CHECK(whole->previous_grad_norm() == inside->previous_grad_norm());
     CHECK(whole->previous_grad_norm() == doctest::Approx(naive_norm(a, t)).epsilon(1e-12));
     CHECK(whole->last_grad_norm() == whole->previous_grad_norm());

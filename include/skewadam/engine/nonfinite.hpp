@@ -112,6 +112,11 @@ struct StepReport {
   /// that would have was cut off), in registration order. Empty for a whole
   /// step.
   std::vector<std::string> not_stepped;
+  /// A step that only measured the global gradient norm, clipping by the
+  /// previous step's norm (ClipNorm::previous) with none before it: nothing
+  /// was updated or counted (applied is false, nonfinite empty), and the next
+  /// step is clipped by the norm it measured.
+  bool measured = false;
   explicit operator bool() const noexcept { return applied; }
 };
 
