@@ -193,7 +193,10 @@ int run_driver(const Settings& s, const std::vector<std::string>& passthrough) {
             << " (warm-up " << schedule.warmup_steps << " steps, cosine to 0 at step " << schedule.total_steps
             << "), weight decay " << s.weight_decay
             << " (router 0), grad-norm clip " << s.max_grad_norm
-            << " (none for a run stepping in backward), eps " << s.eps
+            << (s.in_backward_clip == "previous" ? " (by the previous step's norm for a run stepping inside backward)"
+                                                 : " (none for a run stepping inside backward)")
+            << (s.accumulate > 1 ? ", " + std::to_string(s.accumulate) + " micro-batches a whole step" : std::string())
+            << (s.model.checkpoint ? ", activation checkpointing" : "") << ", eps " << s.eps
             << " (the library's rules; AdamW 1e-8)\n"
             << "runs:    " << results.size() << ": " << s.seeds << (s.seeds == 1 ? " seed" : " seeds") << " from "
             << s.seed << " (initialisation and batch order)";

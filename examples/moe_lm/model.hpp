@@ -52,6 +52,14 @@ struct ModelConfig {
   /// then each expert's gradient is complete, and can be stepped and freed,
   /// as soon as its part of backward ends (a bank's gradient is formed whole).
   bool separate_experts = false;
+  /// Activation checkpointing: each block keeps only its input for backward
+  /// and runs its forward again there (a reentrant segment, so that each
+  /// parameter's gradient is still complete, stepped and freed on its own),
+  /// and the LM head's loss is formed in chunks of head_chunk tokens, each
+  /// recomputed in backward: the memory of activations no longer grows with
+  /// the tokens of a step beyond one block's.
+  bool checkpoint = false;
+  std::int64_t head_chunk = 512;
   torch::Device device = torch::kCPU;
 
   std::int64_t key_value_heads() const { return kv_heads == 0 ? heads : kv_heads; }
@@ -69,6 +77,7 @@ struct ModelConfig {
     positive(experts, "experts");
     positive(expert_ff, "expert_ff");
     positive(top_k, "top_k");
+    positive(head_chunk, "head_chunk");
     if (kv_heads < 0) throw std::invalid_argument("ModelConfig.kv_heads must be >= 0");
     if (d_model % heads != 0) throw std::invalid_argument("ModelConfig.d_model must be a multiple of heads");
     if (heads % key_value_heads() != 0) throw std::invalid_argument("ModelConfig.heads must be a multiple of kv_heads");
@@ -339,6 +348,88 @@ struct LMOutput {
   std::vector<std::vector<std::int64_t>> expert_counts;  ///< per MoE layer: top-k assignments per expert
 };
 
+/// Next-token cross-entropy of logits [B, T, V] against targets [B, T], in fp32.
+inline torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                                              targets.reshape({-1}).to(logits.device()));
+}
+
+/// What a training step needs: the mean next-token cross-entropy (fp32),
+/// the balance loss and the tokens per expert.
+struct LMLoss {
+  torch::Tensor loss;          ///< scalar, fp32
+  torch::Tensor balance_loss;  ///< mean over MoE layers (scalar)
+  std::vector<std::vector<std::int64_t>> expert_counts;
+};
+
+/// A block as a reentrant checkpoint segment: forward keeps the block's
+/// input alone; backward runs the block again from it and backpropagates
+/// through that run, which completes (and, stepping inside backward, steps)
+/// each of the block's parameters as the plain backward would. Outputs: the
+/// block's output and its balance loss (0 for a dense block).
+struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                                BlockImpl* block, std::vector<std::vector<std::int64_t>>* counts) {
+    ctx->saved_data["block"] = reinterpret_cast<std::int64_t>(block);
+    ctx->saved_data["dense"] = !block->moe;
+    ctx->save_for_backward({x});
+    torch::Tensor balance;
+    torch::Tensor h = block->forward(x, balance, *counts);
+    if (!balance.defined()) balance = torch::zeros({}, x.options().dtype(torch::kFloat));
+    return {h, balance};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* block = reinterpret_cast<BlockImpl*>(ctx->saved_data["block"].toInt());
+    const torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    torch::Tensor balance;
+    std::vector<std::vector<std::int64_t>> counts;
+    torch::Tensor h;
+    {
+      torch::AutoGradMode on(true);
+      h = block->forward(x, balance, counts);
+    }
+    std::vector<torch::Tensor> outputs{h}, seeds{grads[0]};
+    if (!ctx->saved_data["dense"].toBool() && grads[1].defined()) {
+      outputs.push_back(balance);
+      seeds.push_back(grads[1]);
+    }
+    torch::autograd::backward(outputs, seeds);
+    return {x.grad(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+/// The summed next-token cross-entropy (fp32) of one chunk of the LM head,
+/// recomputed in backward. The head's weight (tied to the token embedding)
+/// is an input, not reached by a backward of its own: its gradient goes back
+/// through the outer pass, where the embedding's is added, so that it is
+/// complete once.
+struct CheckpointedHeadLoss : torch::autograd::Function<CheckpointedHeadLoss> {
+  static torch::Tensor summed(const torch::Tensor& h, const torch::Tensor& weight, const torch::Tensor& targets) {
+    const torch::Tensor logits = torch::nn::functional::linear(h, weight).to(torch::kFloat);
+    return torch::nn::functional::cross_entropy(
+        logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+  }
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& h,
+                               const torch::Tensor& weight, const torch::Tensor& targets) {
+    ctx->save_for_backward({h, weight, targets});
+    return summed(h, weight, targets);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor h = saved[0].detach().requires_grad_(true);
+    const torch::Tensor weight = saved[1].detach().requires_grad_(true);
+    torch::Tensor loss;
+    {
+      torch::AutoGradMode on(true);
+      loss = summed(h, weight, saved[2]);
+    }
+    const auto g = torch::autograd::grad({loss}, {h, weight}, {grads[0]});
+    return {g[0], g[1], torch::Tensor()};
+  }
+};
+
 class MoELMImpl : public torch::nn::Module {
  public:
   explicit MoELMImpl(const ModelConfig& c) : config(c) {
@@ -372,6 +463,61 @@ class MoELMImpl : public torch::nn::Module {
     return out;
   }
 
+  /// The mean next-token cross-entropy of idx against targets [B, T], with
+  /// the balance loss: forward() and lm_loss(), or, with
+  /// ModelConfig::checkpoint, each block a checkpoint segment (when autograd
+  /// records) and the head's loss formed in chunks of head_chunk tokens.
+  LMLoss loss(const torch::Tensor& idx, const torch::Tensor& targets) {
+    LMLoss r;
+    if (!config.checkpoint) {
+      LMOutput out = forward(idx);
+      r.loss = lm_loss(out.logits, targets);
+      r.balance_loss = out.balance_loss;
+      r.expert_counts = std::move(out.expert_counts);
+      return r;
+    }
+    const auto t = idx.size(1);
+    if (t > config.context) throw std::invalid_argument("sequence longer than the model's context");
+    const auto tokens = idx.to(tok_emb->weight.device());
+    auto h = tok_emb->forward(tokens) + pos_emb->forward(torch::arange(t, tokens.options()));
+    const bool recorded = torch::GradMode::is_enabled();
+    torch::Tensor balance;
+    std::int64_t moe_layers = 0;
+    for (const auto& m : *blocks) {
+      auto& block = *m->as<BlockImpl>();
+      if (!block.moe) {
+        std::vector<std::vector<std::int64_t>> none;
+        h = recorded ? CheckpointedBlock::apply(h, &block, &none)[0] : block.forward(h, balance, none);
+        continue;
+      }
+      ++moe_layers;
+      torch::Tensor b;
+      if (recorded) {
+        auto outs = CheckpointedBlock::apply(h, &block, &r.expert_counts);
+        h = outs[0];
+        b = outs[1];
+      } else {
+        h = block.forward(h, b, r.expert_counts);
+      }
+      balance = balance.defined() ? balance + b : b;
+    }
+    h = ln_f->forward(h).reshape({-1, h.size(-1)});
+    const auto flat = targets.reshape({-1}).to(h.device());
+    const std::int64_t n = h.size(0);
+    torch::Tensor sum;
+    for (std::int64_t at = 0; at < n; at += config.head_chunk) {
+      const std::int64_t len = std::min(config.head_chunk, n - at);
+      const auto hc = h.narrow(0, at, len), tc = flat.narrow(0, at, len);
+      const auto part = recorded ? CheckpointedHeadLoss::apply(hc, tok_emb->weight, tc)
+                                 : CheckpointedHeadLoss::summed(hc, tok_emb->weight, tc);
+      sum = sum.defined() ? sum + part : part;
+    }
+    r.loss = sum / static_cast<double>(n);
+    r.balance_loss = moe_layers > 0 ? balance / static_cast<double>(moe_layers)
+                                    : torch::zeros({}, h.options().dtype(torch::kFloat));
+    return r;
+  }
+
   ModelConfig config;
   EmbeddingTable tok_emb{nullptr}, pos_emb{nullptr};
   torch::nn::ModuleList blocks{nullptr};
@@ -379,10 +525,5 @@ class MoELMImpl : public torch::nn::Module {
 };
 TORCH_MODULE(MoELM);
 
-/// Next-token cross-entropy of logits [B, T, V] against targets [B, T], in fp32.
-inline torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
-                                              targets.reshape({-1}).to(logits.device()));
-}
 
 }  // namespace moe_lm

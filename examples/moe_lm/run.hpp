@@ -113,6 +113,10 @@ TrainedOptimizer make_skewadam(MoELM& model, const Settings& s, bool step_in_bac
   o.hyperparameters = {decayed, decayed, skewadam::Hyperparameters{.lr = s.lr, .eps = s.eps}};
   o.threads = s.threads;
   o.seed = s.seed;
+  if (step_in_backward && s.in_backward_clip == "previous" && s.max_grad_norm > 0) {
+    o.max_grad_norm = s.max_grad_norm;  // the previous step's global norm: what a step inside backward can clip by
+    o.clip_norm = skewadam::ClipNorm::previous;
+  }
   auto opt = std::make_unique<Variant>(model->named_parameters(), std::move(o));
   if (step_in_backward) opt->step_in_backward();
   auto* raw = opt.get();
@@ -212,9 +216,9 @@ inline Evaluation evaluate(MoELM& model, const std::vector<Batch>& batches) {
   std::int64_t tokens = 0;
   std::vector<std::vector<std::int64_t>> counts;  // per MoE layer, per expert
   for (const auto& b : batches) {
-    const auto out = model->forward(b.inputs);
+    const LMLoss out = model->loss(b.inputs, b.targets);
     const auto n = b.targets.numel();
-    loss += lm_loss(out.logits, b.targets).item<double>() * static_cast<double>(n);
+    loss += out.loss.item<double>() * static_cast<double>(n);
     balance += out.balance_loss.item<double>() * static_cast<double>(n);
     tokens += n;
     counts.resize(out.expert_counts.size());
@@ -274,7 +278,8 @@ inline int run_worker(const Settings& s) {
   std::int64_t largest_grad = 0;
   for (auto& p : params)
     p.register_hook([&largest_grad](const torch::Tensor& g) {
-      largest_grad = std::max<std::int64_t>(largest_grad, g.numel() * static_cast<std::int64_t>(g.element_size()));
+      if (g.defined())
+        largest_grad = std::max<std::int64_t>(largest_grad, g.numel() * static_cast<std::int64_t>(g.element_size()));
     });
 
   fs::create_directories(s.out);
@@ -295,11 +300,18 @@ inline int run_worker(const Settings& s) {
     const double lr = schedule(step);
     for (auto& g : opt.param_groups()) g.options().set_lr(lr);
     opt.zero_grad();
-    const auto out = model->forward(batch.inputs);
-    const auto ce = lm_loss(out.logits, batch.targets);
-    const auto loss = ce + s.balance_coef * out.balance_loss;
-    loss.backward();  // with the step inside backward, each parameter is stepped here
-    if (!steps_in_backward) torch::nn::utils::clip_grad_norm_(params, s.max_grad_norm);
+    // The step's sequences in micro-batches, their gradients summed (the
+    // whole step), or in one backward (the step inside backward).
+    const std::int64_t parts = steps_in_backward ? 1 : s.accumulate, micro = s.batch / parts;
+    double ce = 0, balance = 0;
+    for (std::int64_t k = 0; k < parts; ++k) {
+      const LMLoss out = model->loss(batch.inputs.narrow(0, k * micro, micro), batch.targets.narrow(0, k * micro, micro));
+      const auto loss = (out.loss + s.balance_coef * out.balance_loss) / static_cast<double>(parts);
+      loss.backward();  // with the step inside backward, each parameter is stepped here
+      ce += out.loss.item<double>() / static_cast<double>(parts);
+      balance += out.balance_loss.item<double>() / static_cast<double>(parts);
+    }
+    if (!steps_in_backward && s.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(params, s.max_grad_norm);
     synchronize(device);
     const auto t1 = Clock::now();
     opt.step();
@@ -321,8 +333,8 @@ inline int run_worker(const Settings& s) {
     }
     step_seconds += std::chrono::duration<double>(t2 - t1).count();
     train_seconds += std::chrono::duration<double>(t2 - t0).count();
-    loss_sum += ce.item<double>();
-    balance_sum += out.balance_loss.item<double>();
+    loss_sum += ce;
+    balance_sum += balance;
     ++loss_count;
 
     const bool eval_now = step % s.eval_every == 0 || step == s.steps;
@@ -348,8 +360,8 @@ inline int run_worker(const Settings& s) {
       const double all_left = left + per_step * static_cast<double>(s.steps) * (s.runs - s.run_index - 1);
       std::ostringstream line;
       line << "[" << s.run_index + 1 << "/" << s.runs << " " << label << "] step " << step << "/" << s.steps
-           << "  loss " << std::fixed << std::setprecision(3) << ce.item<double>() << "  balance "
-           << std::setprecision(3) << out.balance_loss.item<double>() << "  " << std::setprecision(0) << tps
+           << "  loss " << std::fixed << std::setprecision(3) << ce << "  balance "
+           << std::setprecision(3) << balance << "  " << std::setprecision(0) << tps
            << " tok/s  ETA " << duration(left) << " (all runs " << duration(all_left) << ")";
       if (tty) std::cout << "\r" << line.str() << "   " << std::flush;
       else std::cout << line.str() << "\n" << std::flush;

@@ -39,6 +39,14 @@ struct Settings {
   std::int64_t schedule_steps = 0;  // > 0: the schedule's length, the run its first `steps` (0: `steps`)
   double weight_decay = 0.05;  // backbone and experts; the router has none
   double max_grad_norm = 1.0;
+  /// What a run stepping inside backward clips by: "previous", the previous
+  /// step's global norm (the library's ClipNorm::previous), or "none" (the
+  /// rules' per-tensor update clipping alone). A whole step clips by its own.
+  std::string in_backward_clip = "previous";
+  /// Micro-batches per step of a run taking the whole step (gradient
+  /// accumulation): each of batch / accumulate sequences, their gradients
+  /// summed. A run stepping inside backward takes the step's tokens in one.
+  std::int64_t accumulate = 1;
   double balance_coef = 0.01;
   int threads = 0;  // 0: every core
   std::uint64_t seed = 1234;  // the first seed; --seeds N trains from seed, seed + 1, ...
@@ -70,9 +78,10 @@ inline const std::map<std::string, std::string> display_names{
 
 /// Whether a run of this optimizer steps (or drops) each gradient inside
 /// backward, as soon as it is complete, instead of holding every gradient
-/// until step(). Such a run has no global gradient-norm clipping: the norm of
-/// every gradient is known only after the last of them has been consumed
-/// (SkewAdam's per-tensor update clip still applies).
+/// until step(). Such a run cannot clip by its own step's global norm, known
+/// only after the last gradient has been consumed: it clips by the previous
+/// step's (Settings::in_backward_clip), and SkewAdam's per-tensor update clip
+/// still applies.
 inline constexpr std::string_view in_backward_suffix = "-in-backward";
 inline bool in_backward(const std::string& optimizer) {
   const std::size_t n = in_backward_suffix.size();
@@ -147,8 +156,14 @@ inline void apply_preset(Settings& s, const std::string& name) {
     s.optimizers = {"no-optimizer", "skewadam-8bit-in-backward", "skewadam-in-backward", "skewadam", "adamw"};
     s.steps = 4;
     s.lr = 3e-4;  // the paper's
+    // The paper's recipe: 300 warm-up steps (a short run trains inside them;
+    // the cosine's length is a run's own, 3000 steps here), 32 x 256 = 8,192
+    // tokens a step, activation checkpointing.
+    s.warmup_steps = 300;
+    s.schedule_steps = 3000;
+    s.model.checkpoint = true;
     s.return_freed_memory = true;
-    s.batch = 8;
+    s.batch = 32;
     s.eval_every = 4;
     s.eval_windows = 8;
     s.final_windows = 8;
@@ -190,6 +205,16 @@ uniform ablation from the same initialisation on identical batches.
                       memory of the model alone)
   --in-backward       every library optimizer of the list steps inside backward (as
                       OPTIMIZER-in-backward)
+  --in-backward-clip C  what a run stepping inside backward clips by: previous (default:
+                      the previous step's global gradient norm, to --max-grad-norm) or
+                      none (the rules' per-tensor update clipping alone)
+  --max-grad-norm N   the global gradient-norm clip (default 1; 0: off)
+  --accumulate N      micro-batches per step of a run taking the whole step (gradient
+                      accumulation): --batch is split into N of --batch / N sequences; a
+                      run stepping inside backward takes the step's tokens in one backward
+  --checkpoint on|off activation checkpointing: each block keeps only its input and runs
+                      again in backward, the LM head's loss is formed in chunks of 512
+                      tokens (default off; the paper preset: on)
   --steps N           training steps per optimizer (default 800)
   --batch B           sequences per step (default 16)
   --context T         tokens per sequence (default 128)
@@ -312,6 +337,19 @@ inline bool parse(int argc, char** argv, Settings& s) {
     else if (a == "--out") s.out = value(i, a);
     else if (a == "--optimizers") s.optimizers = split_list(value(i, a));
     else if (a == "--in-backward") in_backward_all = true;
+    else if (a == "--in-backward-clip") {
+      s.in_backward_clip = value(i, a);
+      if (s.in_backward_clip != "previous" && s.in_backward_clip != "none")
+        throw std::invalid_argument("--in-backward-clip " + s.in_backward_clip + ": expected previous or none");
+    } else if (a == "--max-grad-norm") {
+      const std::string v = value(i, a);
+      s.max_grad_norm = number_at_least(v, a + " " + v, 0.0, false);
+    } else if (a == "--accumulate") s.accumulate = integer(i, a, 1);
+    else if (a == "--checkpoint") {
+      const std::string v = value(i, a);
+      if (v != "on" && v != "off") throw std::invalid_argument("--checkpoint " + v + ": expected on or off");
+      s.model.checkpoint = v == "on";
+    }
     else if (a == "--separate-experts") s.model.separate_experts = true;
     else if (a == "--steps") s.steps = integer(i, a, 1);
     else if (a == "--batch") s.batch = integer(i, a, 1);
@@ -377,6 +415,9 @@ inline bool parse(int argc, char** argv, Settings& s) {
       if (!in_backward(o) && known_optimizer(o + std::string(in_backward_suffix))) o += in_backward_suffix;
   for (const auto& o : s.optimizers)
     if (!known_optimizer(o)) throw std::invalid_argument("--optimizers: unknown optimizer '" + o + "'");
+  if (s.batch % s.accumulate != 0)
+    throw std::invalid_argument("--accumulate " + std::to_string(s.accumulate) + ": does not divide --batch " +
+                                std::to_string(s.batch));
   if (s.threads == 0) {  // the cores this process may run on
     cpu_set_t set;
     CPU_ZERO(&set);

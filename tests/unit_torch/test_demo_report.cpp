@@ -6,9 +6,13 @@
 
 #include "doctest_torch.hpp"
 
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -269,6 +273,84 @@ TEST_CASE("demo: the no-optimizer run drops every gradient inside backward, and 
   (a.matmul(b).sum()).backward();
   DOCTEST_CHECK(a.grad().defined());
   DOCTEST_CHECK(b.grad().defined());
+}
+
+TEST_CASE("demo settings: the paper's recipe: --accumulate for the whole step, --checkpoint, --in-backward-clip") {
+  moe_lm::Settings s;
+  const char* argv[] = {"moe_lm", "--optimizers", "skewadam", "--batch", "16", "--accumulate", "4", "--checkpoint", "on"};
+  DOCTEST_REQUIRE(moe_lm::parse(9, const_cast<char**>(argv), s));
+  DOCTEST_CHECK(s.accumulate == 4);
+  DOCTEST_CHECK(s.model.checkpoint);
+  DOCTEST_CHECK(s.in_backward_clip == "previous");
+  auto refused = [](std::vector<const char*> args, const char* words) {
+    moe_lm::Settings bad;
+    DOCTEST_CHECK_THROWS_WITH_AS(moe_lm::parse(static_cast<int>(args.size()), const_cast<char**>(args.data()), bad),
+                                 doctest::Contains(words), std::invalid_argument);
+  };
+  refused({"moe_lm", "--batch", "16", "--accumulate", "3"}, "--accumulate 3: does not divide --batch 16");
+  refused({"moe_lm", "--in-backward-clip", "global"}, "--in-backward-clip global: expected previous or none");
+  refused({"moe_lm", "--checkpoint", "yes"}, "--checkpoint yes: expected on or off");
+  // the paper preset: 8,192 tokens a step, the paper's 300 warm-up steps, checkpointing
+  moe_lm::Settings paper;
+  const char* preset[] = {"moe_lm", "--preset", "paper"};
+  DOCTEST_REQUIRE(moe_lm::parse(3, const_cast<char**>(preset), paper));
+  DOCTEST_CHECK(paper.batch * paper.model.context == 8192);
+  DOCTEST_CHECK(paper.model.checkpoint);
+  DOCTEST_CHECK(moe_lm::schedule_of(paper).warmup_steps == 300);
+}
+
+TEST_CASE("demo model: activation checkpointing gives the plain loss and gradients, each complete once") {
+  moe_lm::ModelConfig c;
+  c.d_model = 32;
+  c.heads = 4;
+  c.context = 16;
+  c.dense_ff = 48;
+  c.experts = 4;
+  c.expert_ff = 40;
+  c.vocab = 256;
+  c.head_chunk = 24;         // the head's loss in chunks, the last one shorter
+  c.separate_experts = true;  // an expert no token reaches has no gradient, as in the plain model
+  torch::manual_seed(11);
+  moe_lm::MoELM plain(c);
+  c.checkpoint = true;
+  torch::manual_seed(11);
+  moe_lm::MoELM checkpointed(c);
+  const auto idx = torch::randint(0, 256, {5, 16}, torch::kLong);
+  const auto targets = torch::randint(0, 256, {5, 16}, torch::kLong);
+  // every parameter's gradient accumulator fires once: complete once, as the step inside backward needs
+  std::map<std::string, int> completed;
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks;
+  for (const auto& p : checkpointed->named_parameters()) {
+    auto acc = torch::autograd::impl::grad_accumulator(p.value());
+    const std::string name = p.key();
+    hooks.emplace_back(acc, acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+                                [&completed, name](const torch::autograd::variable_list& out,
+                                                   const torch::autograd::variable_list&) {
+                                  ++completed[name];
+                                  return out;
+                                })));
+  }
+  const moe_lm::LMLoss a = plain->loss(idx, targets);
+  const moe_lm::LMLoss b = checkpointed->loss(idx, targets);
+  DOCTEST_CHECK(a.loss.item<double>() == doctest::Approx(b.loss.item<double>()).epsilon(1e-6));
+  DOCTEST_CHECK(a.balance_loss.item<double>() == doctest::Approx(b.balance_loss.item<double>()).epsilon(1e-6));
+  DOCTEST_CHECK(a.expert_counts == b.expert_counts);
+  (a.loss + 0.01 * a.balance_loss).backward();
+  (b.loss + 0.01 * b.balance_loss).backward();
+  const auto pa = plain->named_parameters(), pb = checkpointed->named_parameters();
+  for (const auto& p : pa) {
+    DOCTEST_CAPTURE(p.key());
+    const torch::Tensor& ga = p.value().grad();
+    const torch::Tensor& gb = pb[p.key()].grad();
+    DOCTEST_REQUIRE(ga.defined() == gb.defined());
+    if (ga.defined()) DOCTEST_CHECK(torch::allclose(ga, gb, 1e-4, 1e-6));
+    DOCTEST_CHECK(completed[p.key()] == (ga.defined() ? 1 : completed[p.key()]));
+  }
+  for (auto& [node, key] : hooks) node->del_post_hook(key);
+  // without autograd (evaluation) the chunked head gives the same loss
+  torch::NoGradGuard no_grad;
+  DOCTEST_CHECK(checkpointed->loss(idx, targets).loss.item<double>() ==
+                doctest::Approx(a.loss.item<double>()).epsilon(1e-6));
 }
 
 }  // namespace test_demo_report
