@@ -194,7 +194,8 @@ int run_driver(const Settings& s, const std::vector<std::string>& passthrough) {
             << "), weight decay " << s.weight_decay
             << " (router 0), grad-norm clip " << s.max_grad_norm
             << (s.in_backward_clip == "previous" ? " (by the previous step's norm for a run stepping inside backward)"
-                                                 : " (none for a run stepping inside backward)")
+                                                 : " (none for a run stepping inside backward: the per-tensor "
+                                                   "update clip)")
             << (s.accumulate > 1 ? ", " + std::to_string(s.accumulate) + " micro-batches a whole step" : std::string())
             << (s.model.checkpoint ? ", activation checkpointing" : "") << ", eps " << s.eps
             << " (the library's rules; AdamW 1e-8)\n"

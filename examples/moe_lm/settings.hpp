@@ -39,10 +39,11 @@ struct Settings {
   std::int64_t schedule_steps = 0;  // > 0: the schedule's length, the run its first `steps` (0: `steps`)
   double weight_decay = 0.05;  // backbone and experts; the router has none
   double max_grad_norm = 1.0;
-  /// What a run stepping inside backward clips by: "previous", the previous
-  /// step's global norm (the library's ClipNorm::previous), or "none" (the
-  /// rules' per-tensor update clipping alone). A whole step clips by its own.
-  std::string in_backward_clip = "previous";
+  /// What a run stepping inside backward clips by: "none" (the rules'
+  /// per-tensor update clipping alone) or "previous", the previous step's
+  /// global norm (the library's ClipNorm::previous), which trained worse on
+  /// the default model (docs/demo.md). A whole step clips by its own norm.
+  std::string in_backward_clip = "none";
   /// Micro-batches per step of a run taking the whole step (gradient
   /// accumulation): each of batch / accumulate sequences, their gradients
   /// summed. A run stepping inside backward takes the step's tokens in one.
@@ -79,9 +80,9 @@ inline const std::map<std::string, std::string> display_names{
 /// Whether a run of this optimizer steps (or drops) each gradient inside
 /// backward, as soon as it is complete, instead of holding every gradient
 /// until step(). Such a run cannot clip by its own step's global norm, known
-/// only after the last gradient has been consumed: it clips by the previous
-/// step's (Settings::in_backward_clip), and SkewAdam's per-tensor update clip
-/// still applies.
+/// only after the last gradient has been consumed: SkewAdam's per-tensor
+/// update clip applies, and it may clip by the previous step's global norm
+/// (Settings::in_backward_clip).
 inline constexpr std::string_view in_backward_suffix = "-in-backward";
 inline bool in_backward(const std::string& optimizer) {
   const std::size_t n = in_backward_suffix.size();
@@ -205,9 +206,10 @@ uniform ablation from the same initialisation on identical batches.
                       memory of the model alone)
   --in-backward       every library optimizer of the list steps inside backward (as
                       OPTIMIZER-in-backward)
-  --in-backward-clip C  what a run stepping inside backward clips by: previous (default:
-                      the previous step's global gradient norm, to --max-grad-norm) or
-                      none (the rules' per-tensor update clipping alone)
+  --in-backward-clip C  what a run stepping inside backward clips by: none (default: the
+                      rules' per-tensor update clipping alone) or previous (the previous
+                      step's global gradient norm, to --max-grad-norm; it trained worse
+                      on the default model: docs/demo.md)
   --max-grad-norm N   the global gradient-norm clip (default 1; 0: off)
   --accumulate N      micro-batches per step of a run taking the whole step (gradient
                       accumulation): --batch is split into N of --batch / N sequences; a

@@ -281,7 +281,7 @@ TEST_CASE("demo settings: the paper's recipe: --accumulate for the whole step, -
   DOCTEST_REQUIRE(moe_lm::parse(9, const_cast<char**>(argv), s));
   DOCTEST_CHECK(s.accumulate == 4);
   DOCTEST_CHECK(s.model.checkpoint);
-  DOCTEST_CHECK(s.in_backward_clip == "previous");
+  DOCTEST_CHECK(s.in_backward_clip == "none");
   auto refused = [](std::vector<const char*> args, const char* words) {
     moe_lm::Settings bad;
     DOCTEST_CHECK_THROWS_WITH_AS(moe_lm::parse(static_cast<int>(args.size()), const_cast<char**>(args.data()), bad),
