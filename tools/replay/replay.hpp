@@ -99,22 +99,27 @@ class Replay {
     collect_state(c_, *opt_, id_, run);
   }
 
-  void save(const std::filesystem::path& file) const {
-    save_checkpoint(*opt_, file, SaveOptions{.include_params = true, .metadata = {{case_key, c_.name}}});
+  /// Saves the state after the case's step `step`.
+  void save(const std::filesystem::path& file, std::int64_t step) const {
+    save_checkpoint(*opt_, file,
+                    SaveOptions{.include_params = true,
+                                .metadata = {{case_key, c_.name}, {case_step_key, std::to_string(step)}}});
   }
 
-  /// Loads a checkpoint saved for this case; returns its step count.
+  /// Loads a checkpoint saved for this case; returns the case step it was
+  /// saved after.
   std::int64_t load(const std::filesystem::path& file) {
     const CheckpointInfo info = read_checkpoint_info(file);
     if (const std::string* saved = info.find_metadata(case_key); saved && *saved != c_.name)
       throw CheckpointError(CheckpointError::Kind::mismatch,
                             file.string() + ": saved from case '" + *saved + "', not '" + c_.name + "'");
-    if (info.steps > c_.steps)
+    const std::int64_t step = saved_case_step(info);
+    if (step > c_.steps)
       throw CheckpointError(CheckpointError::Kind::mismatch, file.string() + ": saved after step " +
-                                                                 std::to_string(info.steps) + ", the case has " +
+                                                                 std::to_string(step) + ", the case has " +
                                                                  std::to_string(c_.steps) + " steps");
     load_checkpoint(*opt_, file, LoadOptions{.params = ParamValues::require});
-    return opt_->steps();
+    return step;
   }
 
  private:
@@ -164,7 +169,7 @@ int replay(const GoldenCase& c, const Options& o) {
     Replay<Rule, Backend> before(c, o.threads);
     before.run(0, k, run);
     const TempFile tmp(c.name);
-    before.save(tmp.path);
+    before.save(tmp.path, k);
     Replay<Rule, Backend> after(c, o.threads);
     if (after.load(tmp.path) != k) throw CaseError("--resume-at: the checkpoint did not restore step " + std::to_string(k));
     after.run(k, c.steps, run);
@@ -186,7 +191,7 @@ int replay(const GoldenCase& c, const Options& o) {
     r.run(first, last, run);
     how += last > first ? "steps " + std::to_string(first + 1) + ".." + std::to_string(last) : "no steps";
     if (!o.save.empty()) {
-      r.save(o.save);
+      r.save(o.save, last);
       how += ", saved to " + o.save;
     }
   }

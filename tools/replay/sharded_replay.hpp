@@ -70,12 +70,13 @@ ShardedReplayResult run_sharded_case(const GoldenCase& c, const ShardedReplayOpt
     if (const std::string* saved = info.find_metadata(o.case_key); saved && *saved != c.name)
       throw CheckpointError(CheckpointError::Kind::mismatch,
                             o.load + ": saved from case '" + *saved + "', not '" + c.name + "'");
-    if (info.steps > c.steps)
+    const std::int64_t step = saved_case_step(info);
+    if (step > c.steps)
       throw CheckpointError(CheckpointError::Kind::mismatch, o.load + ": saved after step " +
-                                                                 std::to_string(info.steps) + ", the case has " +
+                                                                 std::to_string(step) + ", the case has " +
                                                                  std::to_string(c.steps) + " steps");
     load_checkpoint(opt, o.load, LoadOptions{.params = ParamValues::require});
-    r.first = opt.steps();
+    r.first = step;
   }
   if (o.stop_after) {
     if (*o.stop_after < 0 || *o.stop_after > c.steps)
@@ -101,7 +102,9 @@ ShardedReplayResult run_sharded_case(const GoldenCase& c, const ShardedReplayOpt
   collect_state(c, opt, id, r.run);
   r.state_bytes = opt.state_bytes_per_rank();
   if (!o.save.empty())
-    save_checkpoint(opt, o.save, SaveOptions{.include_params = true, .metadata = {{o.case_key, c.name}}});
+    save_checkpoint(opt, o.save,
+                    SaveOptions{.include_params = true,
+                                .metadata = {{o.case_key, c.name}, {case_step_key, std::to_string(r.last)}}});
   return r;
 }
 

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include <skewadam/checkpoint/format.hpp>
 #include <skewadam/skewadam.hpp>
 #if defined(SKEWADAM_TOOL_KERNELS)
 #include "tool_kernels.hpp"
@@ -379,6 +380,30 @@ struct CaseRun {
   std::vector<float> params;                           ///< steps * numel
   std::map<std::string, std::vector<float>> state;    ///< exp_avg, v, v_row, v_col
 };
+
+/// The checkpoint metadata key holding the case step a replay saved after:
+/// with clipping by the previous step's norm (E8) the case's first step only
+/// measures, so the optimizer's step count trails the case's steps by one.
+inline constexpr const char* case_step_key = "skewadam-replay.case_step";
+
+/// The case step a checkpoint was saved after: its case_step_key, else
+/// (a checkpoint saved without it) its step count. CaseError when the value
+/// is not a step count.
+inline std::int64_t saved_case_step(const CheckpointInfo& info) {
+  const std::string* v = info.find_metadata(case_step_key);
+  if (!v) return info.steps;
+  std::size_t used = 0;
+  long long k = -1;
+  try {
+    k = std::stoll(*v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != v->size() || k < info.steps)
+    throw CaseError(std::string(case_step_key) + " '" + *v + "': not a case step (the checkpoint holds " +
+                    std::to_string(info.steps) + " optimizer steps)");
+  return k;
+}
 
 /// Runs steps [first, last) of a case on `opt` (the case's parameter already
 /// registered as `id`, its values in `param`), recording into run.params.
