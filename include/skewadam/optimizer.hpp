@@ -397,7 +397,9 @@ class OptimizerBase : public TierSettings {
       }
       if (measuring) {  // no norm yet: this step measures it, and changes nothing else
         carried_.end(by_name());
-        last_ = StepReport{.applied = false, .measured = true};
+        last_ = StepReport{};
+        last_.applied = false;
+        last_.measured = true;
         last_.stepped = static_cast<index_t>(items_.size());
         last_known_ = true;
         return;
@@ -543,7 +545,10 @@ class OptimizerBase : public TierSettings {
     if (!inside_.open()) throw std::logic_error("finish_step: no step is open (step(ParamId) opens one)");
     if (measuring_) {  // it measured the norm: nothing to count
       carried_.end(by_name());
-      last_ = StepReport{.applied = false, .interrupted = how == StepEnd::interrupted, .measured = true};
+      last_ = StepReport{};
+      last_.applied = false;
+      last_.interrupted = how == StepEnd::interrupted;
+      last_.measured = true;
       for (std::size_t i = 0; i < entries_.size(); ++i) {
         if (inside_.stepped(i)) ++last_.stepped;
         else last_.not_stepped.push_back(entries_[i].name);
