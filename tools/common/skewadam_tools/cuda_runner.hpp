@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <skewadam/engine/grad_norm_clip.hpp>
 #include <skewadam/types/dtype.hpp>
 #include <skewadam/math/hyperparameters.hpp>
 #include <skewadam/state/param_state.hpp>
