@@ -7,7 +7,8 @@
 //                       which the step inside backward cannot wait for.
 //   ClipNorm::previous  the norm of the previous step's gradients (E8): each
 //                       tensor's sum of g^2 is taken as it is stepped, and
-//                       the step's norm clips the next step. It works inside
+//                       the step's norm clips the next step; a step with no
+//                       norm before it only measures it. It works inside
 //                       backward, with the same bits as the whole step.
 //
 // CarriedNorm keeps that norm between steps: a checkpoint and export_state()
@@ -56,10 +57,10 @@ inline ClipNorm checked_clip_norm(ClipNorm c, std::string_view argument = "clip_
 /// recorded); when it ends, the norm becomes the square root of the recorded
 /// sums added in the order of the parameters' names (so that it does not
 /// depend on the order of registration, which a checkpoint does not fix),
-/// in double (NaN when they are not finite,
-/// under NonFinitePolicy::unchecked). A step that updated no tensor, and a
-/// rejected one, leave it as it was. NaN: none (before the first such step):
-/// the next step is not clipped.
+/// in double (NaN when they are not finite, under NonFinitePolicy::unchecked).
+/// A step that updated no tensor, and a rejected one, leave it as it was.
+/// NaN: none (before the first such step); the next step then only measures
+/// it (the optimizer front-end's part: StepReport::measured).
 class CarriedNorm {
  public:
   static constexpr double none = std::numeric_limits<double>::quiet_NaN();
@@ -100,7 +101,7 @@ class CarriedNorm {
     recorded_.clear();
     any_ = false;
   }
-  /// No norm: the next step is not clipped (a step taken without E8 clipping).
+  /// No norm: the next step only measures it (after a step taken without E8).
   void clear() noexcept {
     discard();
     norm_ = none;
