@@ -525,5 +525,4 @@ class MoELMImpl : public torch::nn::Module {
 };
 TORCH_MODULE(MoELM);
 
-
 }  // namespace moe_lm

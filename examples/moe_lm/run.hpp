@@ -305,7 +305,8 @@ inline int run_worker(const Settings& s) {
     const std::int64_t parts = steps_in_backward ? 1 : s.accumulate, micro = s.batch / parts;
     double ce = 0, balance = 0;
     for (std::int64_t k = 0; k < parts; ++k) {
-      const LMLoss out = model->loss(batch.inputs.narrow(0, k * micro, micro), batch.targets.narrow(0, k * micro, micro));
+      const LMLoss out =
+          model->loss(batch.inputs.narrow(0, k * micro, micro), batch.targets.narrow(0, k * micro, micro));
       const auto loss = (out.loss + s.balance_coef * out.balance_loss) / static_cast<double>(parts);
       loss.backward();  // with the step inside backward, each parameter is stepped here
       ce += out.loss.item<double>() / static_cast<double>(parts);

@@ -316,10 +316,12 @@ SPECS = [
          hyper={"lr": 0.01, **WD}, grad_clip=GradClip(25.0, "current")),
     Spec("global_clip_previous", "Global gradient-norm clipping by the previous step's norm (E8, max_norm 25) "
          "on the same inputs as global_clip_current: the first step only measures the norm (params[0] is param0), "
-         "each spike passes and the step after it is scaled down by it.", (16, 24), BACKBONE, spiky, steps=24, hyper={"lr": 0.01, **WD},
+         "each spike passes and the step after it is scaled down by it.", (16, 24), BACKBONE, spiky, steps=24,
+         hyper={"lr": 0.01, **WD},
          grad_clip=GradClip(25.0, "previous")),
     Spec("global_clip_previous_bf16_float8", "Clipping by the previous step's norm (E8, max_norm 40, about 1.25x "
-         "the usual norm) on a bf16 parameter with bf16 gradients and float8 momentum (E7): a matrix of 33 x 31 with spikes.", (33, 31),
+         "the usual norm) on a bf16 parameter with bf16 gradients and float8 momentum (E7): a matrix of 33 x 31 "
+         "with spikes.", (33, 31),
          BACKBONE_8BIT, spiky, steps=24, hyper={"lr": 0.01, **WD}, param_dtype="bf16", grad_dtype="bf16",
          param_name="blocks.0.attn.o.weight", grad_clip=GradClip(40.0, "previous")),
     # 16-bit parameters.

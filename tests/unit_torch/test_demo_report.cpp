@@ -277,7 +277,8 @@ TEST_CASE("demo: the no-optimizer run drops every gradient inside backward, and 
 
 TEST_CASE("demo settings: the paper's recipe: --accumulate for the whole step, --checkpoint, --in-backward-clip") {
   moe_lm::Settings s;
-  const char* argv[] = {"moe_lm", "--optimizers", "skewadam", "--batch", "16", "--accumulate", "4", "--checkpoint", "on"};
+  const char* argv[] = {"moe_lm",       "--optimizers", "skewadam", "--batch", "16",
+                        "--accumulate", "4",            "--checkpoint", "on"};
   DOCTEST_REQUIRE(moe_lm::parse(9, const_cast<char**>(argv), s));
   DOCTEST_CHECK(s.accumulate == 4);
   DOCTEST_CHECK(s.model.checkpoint);
