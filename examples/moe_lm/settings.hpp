@@ -183,11 +183,13 @@ uniform ablation from the same initialisation on identical batches.
                       minutes on 2 cores),
                       gpu (79 M parameters, 96 % in the experts; for --device cuda),
                       paper (the paper's 6.78B-parameter model, bf16 weights, experts
-                      stored separately: a few steps without an optimizer, with
-                      SkewAdam stepping inside backward, with SkewAdam and with AdamW,
-                      reporting the peak memory by part against the paper's figures;
-                      a run that cannot fit in this machine's memory is refused
-                      before it starts, with what it would need)
+                      stored separately, and its recipe: 8,192 tokens a step with
+                      activation checkpointing, 300 warm-up steps; a few steps without
+                      an optimizer, with SkewAdam stepping inside backward, with
+                      SkewAdam and with AdamW, reporting the peak memory by part
+                      against the paper's figures; a run that cannot fit in this
+                      machine's memory is refused before it starts, with what it
+                      would need)
   --device DEV        cpu (default) or cuda (needs a CUDA build of LibTorch: scripts/demo
                       --device cuda builds against the installed Python torch)
   --plan-only         print the model's parameters and planned memory, then stop
