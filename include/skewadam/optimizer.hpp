@@ -483,12 +483,14 @@ class OptimizerBase : public TierSettings {
     StepSettings st = settings(hyperparameters_at(has_schedule() ? *number : 0));
     st.counts_step = false;
     const bool previous = clips_by_previous_norm();
+    // (whether the step measures cannot change while it is open: the clip
+    // settings and the norm are refused or fixed until finish_step())
+    const bool measuring = measures_norm();
     if (!inside_.open()) {
-      measuring_ = measures_norm();
-      if (!measuring_) engine_.begin_open_step(nonfinite_);
+      if (!measuring) engine_.begin_open_step(nonfinite_);
       if (previous) carried_.begin(entries_.size());
     }
-    if (measuring_) {  // no norm yet: this step measures it, and changes nothing else
+    if (measuring) {  // no norm yet: this step measures it, and changes nothing else
       if (e.param.numel() > 0) {
         const StepItem one = item(i);
         const double sum = engine_.grad_sum_squares(std::span(&one, 1));
@@ -543,29 +545,20 @@ class OptimizerBase : public TierSettings {
   /// Sharded: collective. std::logic_error when no step is open.
   StepReport finish_step(StepEnd how = StepEnd::completed) {
     if (!inside_.open()) throw std::logic_error("finish_step: no step is open (step(ParamId) opens one)");
-    if (measuring_) {  // it measured the norm: nothing to count
-      carried_.end(by_name());
-      last_ = StepReport{};
-      last_.applied = false;
-      last_.interrupted = how == StepEnd::interrupted;
-      last_.measured = true;
-      for (std::size_t i = 0; i < entries_.size(); ++i) {
-        if (inside_.stepped(i)) ++last_.stepped;
-        else last_.not_stepped.push_back(entries_[i].name);
-      }
-      last_known_ = true;
-      inside_.close();
-      measuring_ = false;
-      return last_;
+    const bool measured = measures_norm();  // it only measured the norm (E8): nothing to count
+    OpenVerdicts v;
+    if (!measured) {
+      v = engine_.open_verdicts();
+      StepSettings st = inside_.settings();
+      st.counts_step = true;
+      engine_.step(std::span<const StepItem>(), NonFinitePolicy::unchecked, st);
+      counts_known_ = false;
     }
-    const OpenVerdicts v = engine_.open_verdicts();
-    StepSettings st = inside_.settings();
-    st.counts_step = true;
-    engine_.step(std::span<const StepItem>(), NonFinitePolicy::unchecked, st);
-    counts_known_ = false;
     if (clips_by_previous_norm()) carried_.end(by_name());
     else carried_.clear();
     last_ = StepReport{};
+    last_.measured = measured;
+    if (measured) last_.applied = false;
     if (v.first) {
       last_.applied = false;
       last_.nonfinite = describe(*v.first);
@@ -913,7 +906,6 @@ class OptimizerBase : public TierSettings {
   ClipNorm clip_norm_ = ClipNorm::current;
   CarriedNorm carried_;  ///< the norm of the last step under ClipNorm::previous (E8)
   std::vector<std::size_t> by_name_;  ///< by_name()'s, once the parameters are all registered
-  bool measuring_ = false;            ///< the open step inside backward measures the norm (E8)
   mutable double last_norm_ = std::numeric_limits<double>::quiet_NaN();
   mutable bool last_norm_known_ = true;
   /// Reused by every step; grows with the number of tensors, never with their size.
